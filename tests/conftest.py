@@ -1,0 +1,38 @@
+"""Shared test helpers: the stages are scripts named 01_..., so they are loaded by path."""
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_stage(filename):
+    """Import a numbered stage script (e.g. '02_orthogonal_design.py') as a module."""
+    path = ROOT / filename
+    name = "stage_" + path.stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_stage(filename, *args, cwd=None, check=True, timeout=600):
+    """Run a stage through its command line; returns the CompletedProcess."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [sys.executable, str(ROOT / filename), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def stage():
+    return load_stage
