@@ -1,0 +1,443 @@
+"""Stage 02: a strength-2 orthogonal design over the harness space -> H_tr and the held-out rest.
+
+Training on all of H is wasteful, so we train on a small subset H_tr that is balanced in the
+sense of a factorial design of strength 2 (an orthogonal array, OA):
+  - component balance: every realisation of a component appears equally often in H_tr;
+  - pairwise balance: for every two components, every pair of their realisations appears
+    equally often (so no pair of realisations is ever seen only together with another).
+Everything else of H (most full combinations) stays unseen: the in-space held-out set.
+
+For the default 3^5 space the smallest such array has 18 runs (Rao bound 11, and 18 is the
+smallest multiple of 3*3 = 9 above it; OA(9, 3^k) exists only for k <= 4), the paper's
+training-set size. Constructions here, the smallest that fits is taken:
+  - Taguchi's L18 for up to seven 3-level components (five use columns L18[:, 2:7]);
+  - Rao-Hamming (Bose) arrays OA(s^m, s^k) for a prime number of levels s, k <= (s^m-1)/(s-1);
+  - full factorials for one or two components; components with different level counts are
+    built per level count and crossed (a product of strength-2 OAs is one).
+Any other pattern stops with the Rao bound and the divisibility condition; then bring an array
+(e.g. from Sloane's or OApackage's tables) with --design FILE. Every design, constructed or
+given, goes through the strength-2 verifier before use. `--method random` draws the same
+number of configurations uniformly (the paper's Random-18 ablation) for comparison.
+
+Reads  RUN/components.json, RUN/harness_space.jsonl                    (stage 01)
+Writes RUN/train_harnesses.jsonl, RUN/heldout_harnesses.jsonl, RUN/02_orthogonal_design_config.json
+
+Commands:
+    python 02_orthogonal_design.py --run runs/default                       # L18, 18 configs
+    python 02_orthogonal_design.py --run runs/random18 --method random --seed 1
+    python 02_orthogonal_design.py --run runs/mine --design my_oa.csv       # your own array
+A design file has one row per training configuration, one 0-based level per component in
+the order S,T,O,C,W: a JSON list of rows, or a CSV / whitespace table (an optional header line
+"S,T,O,C,W", '#' comments). A table whose levels are all 1-based (no 0 anywhere) is shifted.
+"""
+import argparse
+import itertools
+import json
+import math
+import os
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+# Taguchi's L18 (2^1 x 3^7), levels 1-based as published: G. Taguchi & S. Konishi, "Orthogonal
+# Arrays and Linear Graphs" (ASI Press, 1987); also OA(18, 2^1 3^7, 2) in N.J.A. Sloane's
+# library of orthogonal arrays. Column 0 has 2 levels, columns 1-7 have 3. Any set of its
+# 3-level columns is a strength-2 OA (the verifier below checks it on every run).
+L18 = [
+    [1, 1, 1, 1, 1, 1, 1, 1],
+    [1, 1, 2, 2, 2, 2, 2, 2],
+    [1, 1, 3, 3, 3, 3, 3, 3],
+    [1, 2, 1, 1, 2, 2, 3, 3],
+    [1, 2, 2, 2, 3, 3, 1, 1],
+    [1, 2, 3, 3, 1, 1, 2, 2],
+    [1, 3, 1, 2, 1, 3, 2, 3],
+    [1, 3, 2, 3, 2, 1, 3, 1],
+    [1, 3, 3, 1, 3, 2, 1, 2],
+    [2, 1, 1, 3, 3, 2, 2, 1],
+    [2, 1, 2, 1, 1, 3, 3, 2],
+    [2, 1, 3, 2, 2, 1, 1, 3],
+    [2, 2, 1, 2, 3, 1, 3, 2],
+    [2, 2, 2, 3, 1, 2, 1, 3],
+    [2, 2, 3, 1, 2, 3, 2, 1],
+    [2, 3, 1, 3, 2, 3, 1, 2],
+    [2, 3, 2, 1, 3, 1, 2, 3],
+    [2, 3, 3, 2, 1, 2, 3, 1],
+]
+# Which L18 columns k three-level components use: the first k of this list. Columns 2-6
+# (0-based) have the least aliasing of main effects with two-factor interactions.
+L18_COLUMNS = [2, 3, 4, 5, 6, 7, 1]
+
+
+# ---------------------------------------------------------------------------------------
+# Args
+# ---------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Stage 02: strength-2 orthogonal design -> train / held-out harnesses.")
+    p.add_argument("--run", default="runs/default", help="run folder (reads stage 01's files, writes here)")
+    p.add_argument("--method", default="oa", choices=["oa", "random"],
+                   help="oa: the orthogonal array (the paper's); random: the same number of "
+                        "configurations drawn uniformly (the Random-18 ablation)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random draw (method random and the comparison)")
+    p.add_argument("--design", default=None,
+                   help="use this array instead of constructing one (JSON list of rows or a CSV / "
+                        "whitespace table; 0-based levels in component order); verified before use")
+    p.add_argument("--n", type=int, default=None,
+                   help="method random only: how many configurations to draw (default: the OA's size)")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers (repeated in each stage on purpose)
+# ---------------------------------------------------------------------------------------
+class DesignError(ValueError):
+    """No construction here for this level pattern (the message says what would work)."""
+
+
+def fail(msg):
+    """Bad input: one clear message on stderr, exit status 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def atomic_write_text(path, text):
+    """Write to <path>.tmp, then rename, so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def jsonl_text(records):
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+def read_jsonl(path):
+    """[(line number, record)] of a JSONL file; stops on the first malformed line."""
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail(f"{path}, line {n}: malformed JSON ({e.msg})")
+        if not isinstance(rec, dict):
+            fail(f"{path}, line {n}: expected a JSON object")
+        out.append((n, rec))
+    return out
+
+
+def load_run(run):
+    """Stage 01's outputs, checked: (order, realisations per component, space records)."""
+    cpath, spath = run / "components.json", run / "harness_space.jsonl"
+    if not cpath.is_file():
+        fail(f"{cpath}: file not found (run 01_harness_space.py --run {run} first)")
+    try:
+        comp = json.loads(cpath.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        fail(f"{cpath}, line {e.lineno}: malformed JSON ({e.msg})")
+    order = comp.get("order") if isinstance(comp, dict) else None
+    if not isinstance(order, list) or not isinstance(comp.get("components"), dict) \
+            or any(not isinstance(comp["components"].get(c), list) or not comp["components"][c] for c in order):
+        fail(f"{cpath}: fields 'order' (list) and 'components' (component -> non-empty list) are required")
+    levels = [len(comp["components"][c]) for c in order]
+    space, seen = [], set()
+    for n, rec in read_jsonl(spath):
+        for field in ("harness_id", "levels", "specs"):
+            if field not in rec:
+                fail(f"{spath}, line {n}: field '{field}' is missing")
+        lv = rec["levels"]
+        if not isinstance(lv, dict) or sorted(lv) != sorted(order):
+            fail(f"{spath}, line {n}: field 'levels' must have exactly the keys {order}")
+        for c, s in zip(order, levels):
+            if not isinstance(lv[c], int) or not 0 <= lv[c] < s:
+                fail(f"{spath}, line {n}: field 'levels.{c}' must be an integer in 0..{s - 1}")
+        key = tuple(lv[c] for c in order)
+        if key in seen:
+            fail(f"{spath}, line {n}: field 'levels' repeats an earlier configuration")
+        seen.add(key)
+        space.append(rec)
+    if len(space) != math.prod(levels):
+        fail(f"{spath}: {len(space)} configurations, expected the full product {math.prod(levels)} "
+             f"(run 01_harness_space.py --run {run} again)")
+    return order, levels, space
+
+
+# ---------------------------------------------------------------------------------------
+# Bounds
+# ---------------------------------------------------------------------------------------
+def rao_bound(levels):
+    # Rao bound for strength 2: N >= 1 + sum_i (s_i - 1)
+    return 1 + sum(s - 1 for s in levels)
+
+
+def divisor(levels):
+    """Every N of a strength-2 design is a multiple of this: lcm of s_i*s_j over column pairs."""
+    # each level pair of columns i, j appears N / (s_i s_j) times  =>  N % (s_i * s_j) == 0
+    products = [a * b for a, b in itertools.combinations(levels, 2)] or levels
+    return math.lcm(*products)
+
+
+def smallest_possible_n(levels):
+    """The smallest N allowed by the Rao bound and divisibility (a lower bound, not a promise)."""
+    d = divisor(levels)
+    return d * math.ceil(rao_bound(levels) / d)
+
+
+# ---------------------------------------------------------------------------------------
+# Constructions
+# ---------------------------------------------------------------------------------------
+def is_prime(n):
+    return n >= 2 and all(n % p for p in range(2, int(n ** 0.5) + 1))
+
+
+def rao_hamming(s, k):
+    """OA(s^m, s^k, 2) for prime s: rows are the vectors x of GF(s)^m, columns k points of PG(m-1, s)."""
+    m = 1
+    while (s ** m - 1) // (s - 1) < k:
+        m += 1
+    vectors = list(itertools.product(range(s), repeat=m))
+    # projective points: nonzero vectors whose first nonzero coordinate is 1; unit vectors first
+    units = [tuple(int(i == j) for j in range(m)) for i in range(m)]
+    points = units + [v for v in vectors if any(v) and v[[x != 0 for x in v].index(True)] == 1 and v not in units]
+    columns = points[:k]
+    # a(x, c) = x . c  (mod s): two columns c, c' are linearly independent, so the pair
+    # (x.c, x.c') takes each of the s^2 values for exactly s^(m-2) of the s^m rows
+    rows = [[sum(a * b for a, b in zip(x, c)) % s for c in columns] for x in vectors]
+    return f"Rao-Hamming OA({s ** m}, {s}^{k}) over GF({s})^{m}", rows
+
+
+def construct_group(s, k):
+    """(name, rows) of the smallest construction here for k components with s levels, or None."""
+    candidates = []
+    if s == 1:
+        candidates.append(("constant column", [[0] * k]))
+    if k <= 2:
+        candidates.append((f"full factorial {s}^{k}", [list(r) for r in itertools.product(range(s), repeat=k)]))
+    if is_prime(s):
+        candidates.append(rao_hamming(s, k))
+    if s == 3 and k <= 7:
+        cols = L18_COLUMNS[:k]
+        candidates.append((f"Taguchi L18 columns {[c + 1 for c in cols]}", [[row[c] - 1 for c in cols] for row in L18]))
+    return min(candidates, key=lambda c: len(c[1])) if candidates else None
+
+
+def construct_oa(levels, names):
+    """A strength-2 OA for the level pattern: one construction per level count, crossed."""
+    groups = {}
+    for i, s in enumerate(levels):
+        groups.setdefault(s, []).append(i)
+    parts = []
+    for s, cols in groups.items():
+        built = construct_group(s, len(cols))
+        if built is None:
+            who = ",".join(names[i] for i in cols)
+            raise DesignError(
+                f"no construction here for {len(cols)} components with {s} levels ({who}): this script "
+                f"builds full factorials (1-2 components), Rao-Hamming arrays (prime number of levels) "
+                f"and Taguchi's L18 (up to seven 3-level components). A strength-2 design for levels "
+                f"{dict(zip(names, levels))} needs N >= 1 + sum(s_i - 1) = {rao_bound(levels)} runs "
+                f"(Rao bound) and N divisible by s_i*s_j for every pair of components (so by "
+                f"{divisor(levels)}): N >= {smallest_possible_n(levels)}. Find such an array (e.g. in "
+                f"Sloane's or OApackage's tables) and pass it with --design FILE.")
+        parts.append((cols, built))
+    # Crossing OAs A and B (every row of A with every row of B) keeps strength 2: a level pair
+    # within A appears N_B times as often, and across A and B each column is balanced, so
+    # a pair (a, b) appears (N_A / s_a) * (N_B / s_b) times.
+    rows = []
+    for combo in itertools.product(*[built[1] for _, built in parts]):
+        row = [0] * len(levels)
+        for (cols, _), part_row in zip(parts, combo):
+            for c, v in zip(cols, part_row):
+                row[c] = v
+        rows.append(row)
+    name = " x ".join(f"{built[0]} on {','.join(names[i] for i in cols)}" for cols, built in parts)
+    return name, rows
+
+
+def read_design(path, levels, names):
+    """A user's array: JSON list of rows, or a CSV / whitespace table. Returns rows of 0-based levels."""
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found")
+    text = path.read_text(encoding="utf-8")
+    entries = []                                   # (where, row)
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            fail(f"{path}, line {e.lineno}: malformed JSON ({e.msg})")
+        entries = [(f"row {i + 1}", row) for i, row in enumerate(data)]
+    else:
+        for n, line in enumerate(text.splitlines(), start=1):
+            tokens = line.split("#")[0].replace(",", " ").split()
+            if not tokens or (not entries and tokens == names):
+                continue
+            try:
+                entries.append((f"line {n}", [int(t) for t in tokens]))
+            except ValueError:
+                fail(f"{path}, line {n}: expected {len(names)} integer levels, got {line.strip()!r}")
+    if not entries:
+        fail(f"{path}: no rows")
+    for where, row in entries:
+        if not isinstance(row, list) or len(row) != len(names) or not all(isinstance(v, int) for v in row):
+            fail(f"{path}, {where}: expected {len(names)} integer levels (one per component {names}), got {row!r}")
+    if all(v >= 1 for _, row in entries for v in row) and \
+            all(v <= s for _, row in entries for v, s in zip(row, levels)):
+        print(f"note: {path} has no level 0, read as 1-based levels (shifted down by one)")
+        entries = [(where, [v - 1 for v in row]) for where, row in entries]
+    first_seen = {}
+    for where, row in entries:
+        for v, s, c in zip(row, levels, names):
+            if not 0 <= v < s:
+                fail(f"{path}, {where}: column {c}: level {v} is out of range 0..{s - 1}")
+        if tuple(row) in first_seen:
+            fail(f"{path}, {where}: repeats {first_seen[tuple(row)]} (a training set holds each configuration once)")
+        first_seen[tuple(row)] = where
+    return [row for _, row in entries]
+
+
+# ---------------------------------------------------------------------------------------
+# The verifier
+# ---------------------------------------------------------------------------------------
+def check_design(rows, levels, names):
+    """Strength-2 check plus component balance, Rao bound, divisibility and pairwise coverage."""
+    n = len(rows)
+    report = {"n": n, "rao_bound": rao_bound(levels), "divisor": divisor(levels), "failures": []}
+    report["rao_ok"] = n >= report["rao_bound"]
+    report["divisible_ok"] = n % report["divisor"] == 0
+    report["balance"] = {c: [sum(r[i] == a for r in rows) for a in range(s)]
+                         for i, (c, s) in enumerate(zip(names, levels))}
+    report["balance_ok"] = all(len(set(counts)) == 1 for counts in report["balance"].values())
+    covered = total = 0
+    pair_counts = []
+    for i, j in itertools.combinations(range(len(levels)), 2):
+        counts = Counter((r[i], r[j]) for r in rows)
+        cells = list(itertools.product(range(levels[i]), range(levels[j])))
+        # strength 2: every level pair (a, b) of columns i, j appears N / (s_i s_j) times
+        expected = n / (levels[i] * levels[j])
+        bad = [ab for ab in cells if counts[ab] != expected]
+        if bad:
+            table = " ".join(f"{a}{b}:{counts[(a, b)]}" for a, b in cells)
+            report["failures"].append(
+                f"columns {names[i]} and {names[j]}: level pair {bad[0]} appears {counts[bad[0]]} "
+                f"time{'' if counts[bad[0]] == 1 else 's'}, "
+                f"expected {expected:g} (counts {table})")
+        covered += sum(counts[ab] > 0 for ab in cells)
+        total += len(cells)
+        pair_counts += [counts[ab] for ab in cells]
+    report.update(covered=covered, total_pairs=total, strength2_ok=not report["failures"],
+                  pair_count_min=min(pair_counts, default=0), pair_count_max=max(pair_counts, default=0))
+    return report
+
+
+def expected_random_coverage(levels, n):
+    """Exact mean pairwise coverage of a uniform n-subset of the full product (no replacement)."""
+    size = math.prod(levels)
+    hit = total = 0.0
+    for a, b in itertools.combinations(levels, 2):
+        # a level pair lies in size/(a b) configurations; P(missed) = C(size - size/(ab), n) / C(size, n)
+        p_miss = math.comb(size - size // (a * b), n) / math.comb(size, n)
+        hit += a * b * (1 - p_miss)
+        total += a * b
+    return hit / total if total else 1.0
+
+
+def print_comparison(columns):
+    """Side-by-side report of a few designs: [(title, report)]."""
+    def yes(ok):
+        return "yes" if ok else "NO"
+    lines = [("runs N", lambda r: str(r["n"])),
+             ("Rao bound N >= 1+sum(s_i-1)", lambda r: f"{r['rao_bound']} {yes(r['rao_ok'])}"),
+             ("N divisible by s_i*s_j", lambda r: f"{r['divisor']} {yes(r['divisible_ok'])}"),
+             ("component balance", lambda r: yes(r["balance_ok"])),
+             ("strength 2 (pairwise balance)", lambda r: yes(r["strength2_ok"]) if r["strength2_ok"]
+              else f"NO ({len(r['failures'])} column pairs)"),
+             ("pairwise coverage", lambda r: f"{r['covered']}/{r['total_pairs']} = {100 * r['covered'] / max(r['total_pairs'], 1):.1f}%"),
+             ("times a level pair appears", lambda r: f"{r['pair_count_min']}..{r['pair_count_max']}")]
+    width = max(24, *(len(t) + 2 for t, _ in columns))
+    print((f"{'':<32}" + "".join(f"{t:<{width}}" for t, _ in columns)).rstrip())
+    for label, fn in lines:
+        print((f"{label:<32}" + "".join(f"{fn(r):<{width}}" for _, r in columns)).rstrip())
+
+
+# ---------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------
+def main(argv=None):
+    args = parse_args(argv)
+    run = Path(args.run)
+    if args.n is not None and (args.method != "random" or args.n < 1):
+        fail(f"--n {args.n}: only with --method random, and at least 1")
+    order, levels, space = load_run(run)
+    by_key = {tuple(h["levels"][c] for c in order): h for h in space}
+
+    # 1. The orthogonal array: the user's (--design) or constructed; verified either way.
+    oa_rows, oa_name = None, None
+    if args.design:
+        oa_rows, oa_name = read_design(args.design, levels, order), f"design file {args.design}"
+    else:
+        try:
+            oa_name, oa_rows = construct_oa(levels, order)
+        except DesignError as e:
+            if args.method == "oa" or args.n is None:
+                fail(str(e))
+    if oa_rows is not None and len({tuple(r) for r in oa_rows}) != len(oa_rows):
+        fail(f"{oa_name} repeats a row (a training set holds each configuration once)")
+    oa_report = check_design(oa_rows, levels, order) if oa_rows is not None else None
+    if oa_report is not None and not oa_report["strength2_ok"]:
+        fail(f"{oa_name} is not a strength-2 orthogonal array: {oa_report['failures'][0]}"
+             + (f" (and {len(oa_report['failures']) - 1} more column pairs)" if len(oa_report["failures"]) > 1 else ""))
+    if oa_report is not None and len(oa_rows) == len(space):
+        print(f"warning: the design has every configuration ({len(space)}): nothing is held out")
+
+    # 2. The random baseline: the same number of configurations, drawn uniformly (seeded).
+    n = args.n or len(oa_rows)
+    if n > len(space):
+        fail(f"--n {n} is larger than the space ({len(space)} configurations)")
+    rng = random.Random(args.seed)
+    random_rows = [list(key) for key in rng.sample(sorted(by_key), n)]
+    random_report = check_design(random_rows, levels, order)
+
+    # 3. Report, then write H_tr and H \ H_tr.
+    train_rows = oa_rows if args.method == "oa" else random_rows
+    train = [by_key[tuple(r)] for r in train_rows]
+    train_ids = {h["harness_id"] for h in train}
+    heldout = [h for h in space if h["harness_id"] not in train_ids]
+
+    print(f"space: {len(space)} configurations, levels " + " x ".join(f"{c}:{s}" for c, s in zip(order, levels)))
+    print(f"orthogonal array: {oa_name or 'none constructed'}")
+    columns = ([(f"OA ({len(oa_rows)} runs)", oa_report)] if oa_report else []) + \
+              [(f"random-{n} (seed {args.seed})", random_report)]
+    print_comparison(columns)
+    expected = expected_random_coverage(levels, n)
+    print(f"expected coverage of a uniform random {n}-subset: {100 * expected:.1f}% (exact)")
+    lower = smallest_possible_n(levels)
+    if oa_report:
+        print(f"smallest N allowed by the Rao bound and divisibility: {lower}"
+              + (" (this design reaches it)" if len(oa_rows) == lower else f" (this design: {len(oa_rows)})"))
+    chosen = oa_report if args.method == "oa" else random_report
+    print("balance of H_tr, times each realisation appears: "
+          + "  ".join(f"{c}:{'/'.join(map(str, counts))}" for c, counts in chosen["balance"].items()))
+    for msg in ([] if chosen["strength2_ok"] else chosen["failures"][:3]):
+        print(f"  unbalanced: {msg}")
+
+    config = {"stage": "02_orthogonal_design", "args": vars(args), "order": order, "levels": levels,
+              "method": args.method, "oa_construction": oa_name, "n_train": len(train),
+              "n_heldout": len(heldout), "train_harness_ids": [h["harness_id"] for h in train],
+              "oa_report": oa_report, "random_report": random_report,
+              "expected_random_coverage": expected, "smallest_possible_n": lower}
+    outputs = {"train_harnesses.jsonl": jsonl_text(train), "heldout_harnesses.jsonl": jsonl_text(heldout),
+               "02_orthogonal_design_config.json": json.dumps(config, indent=1) + "\n"}
+    for name, text in outputs.items():
+        atomic_write_text(run / name, text)
+    print(f"H_tr: {len(train)} configurations ({args.method}), held out: {len(heldout)}; wrote "
+          + ", ".join(str(run / name) for name in outputs))
+
+
+if __name__ == "__main__":
+    main()
