@@ -1,0 +1,216 @@
+"""Stage 03: give each training task a small group of structurally close training harnesses.
+
+The paper's locality-aware assignment. For each task x:
+    anchor   h_x ~ Uniform(H_tr)
+    then     the K-1 other configurations of H_tr with the smallest Hamming distance to h_x
+    H_x = {h_x, h_x^(1), ..., h_x^(K-1)}
+Ties at the cut-off are broken by a seeded random draw (never by file order). Over the RL
+iterations a task is run under the K harnesses of its group, so it sees small, controlled
+variations of one harness, while different tasks (different anchors) spread over all of H_tr.
+`--method random` (the ablation) gives each task K distinct training configurations uniformly.
+
+Reads  RUN/train_harnesses.jsonl (stage 02) and a task file (JSONL, each line with a "task_id")
+Writes RUN/assignment.jsonl: {"task_id": ..., "harness_ids": [anchor, ...], "hamming_to_anchor": [0, ...]}
+       RUN/03_assignment_config.json
+Prints how often each training configuration is used and the mean within-group Hamming
+distance of this assignment beside what random assignment gives (exact expectation).
+
+Commands:
+    python 03_assignment.py --run runs/default                               # locality, K = 3
+    python 03_assignment.py --run runs/default --tasks data/train_tasks.jsonl --k 3 --seed 0
+    python 03_assignment.py --run runs/randassign --method random --seed 0   # the ablation
+"""
+import argparse
+import itertools
+import json
+import os
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+
+# ---------------------------------------------------------------------------------------
+# Args
+# ---------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Stage 03: assign each task K nearby training harnesses.")
+    p.add_argument("--run", default="runs/default", help="run folder (reads train_harnesses.jsonl, writes assignment.jsonl)")
+    p.add_argument("--tasks", default="data/train_tasks.jsonl",
+                   help="training tasks, JSONL with a 'task_id' on every line (made by data/make_tasks.py)")
+    p.add_argument("--k", type=int, default=3, help="harnesses per task, the anchor included (K)")
+    p.add_argument("--method", default="locality", choices=["locality", "random"],
+                   help="locality: anchor + its K-1 Hamming-nearest (the paper's); random: K uniform (ablation)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the anchors, tie-breaks and random groups")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers (repeated in each stage on purpose)
+# ---------------------------------------------------------------------------------------
+def fail(msg):
+    """Bad input: one clear message on stderr, exit status 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def atomic_write_text(path, text):
+    """Write to <path>.tmp, then rename, so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def jsonl_text(records):
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+def read_jsonl(path, hint=""):
+    """[(line number, record)] of a JSONL file; stops on the first malformed line."""
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found{hint}")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail(f"{path}, line {n}: malformed JSON ({e.msg})")
+        if not isinstance(rec, dict):
+            fail(f"{path}, line {n}: expected a JSON object")
+        out.append((n, rec))
+    return out
+
+
+def hamming(levels_a, levels_b):
+    """Hamming distance between two configurations (dicts component -> level)."""
+    # d_H(h_i, h_j) = sum over components c in {S,T,O,C,W} of 1[h_i^c != h_j^c]
+    return sum(levels_a[c] != levels_b[c] for c in levels_a)
+
+
+def load_train(path):
+    """The training configurations: [(harness_id, levels)] in file order, checked."""
+    train, keys, seen = [], None, {}
+    for n, rec in read_jsonl(path, hint=" (run 02_orthogonal_design.py first)"):
+        hid, levels = rec.get("harness_id"), rec.get("levels")
+        if not isinstance(hid, str) or not hid:
+            fail(f"{path}, line {n}: field 'harness_id' is missing or not a string")
+        if not isinstance(levels, dict) or not levels or not all(isinstance(v, int) for v in levels.values()):
+            fail(f"{path}, line {n}: field 'levels' must be an object component -> integer level")
+        keys = keys or sorted(levels)
+        if sorted(levels) != keys:
+            fail(f"{path}, line {n}: field 'levels' has components {sorted(levels)}, earlier lines {keys}")
+        if hid in seen:
+            fail(f"{path}, line {n}: field 'harness_id' {hid!r} repeats line {seen[hid]}")
+        seen[hid] = n
+        train.append((hid, levels))
+    if not train:
+        fail(f"{path}: no training configurations")
+    return train
+
+
+def load_task_ids(path):
+    """The task ids of a task file, in file order (other fields are not needed here)."""
+    ids, seen = [], {}
+    for n, rec in read_jsonl(path, hint=" (make it with: python data/make_tasks.py)"):
+        tid = rec.get("task_id")
+        if not isinstance(tid, str) or not tid:
+            fail(f"{path}, line {n}: field 'task_id' is missing or not a non-empty string")
+        if tid in seen:
+            fail(f"{path}, line {n}: field 'task_id' {tid!r} repeats line {seen[tid]}")
+        seen[tid] = n
+        ids.append(tid)
+    if not ids:
+        fail(f"{path}: no tasks")
+    return ids
+
+
+# ---------------------------------------------------------------------------------------
+# The assignment
+# ---------------------------------------------------------------------------------------
+def locality_group(train, k, rng):
+    """Anchor ~ U(H_tr), then its K-1 nearest others; ties broken by the seeded shuffle."""
+    # h_x ~ U(H_tr)
+    anchor = rng.choice(train)
+    others = [h for h in train if h[0] != anchor[0]]
+    rng.shuffle(others)                                   # a seeded random order among equals ...
+    # H_x = {h_x} + the K-1 h in H_tr \ {h_x} with the smallest d_H(h_x, h)
+    others.sort(key=lambda h: hamming(anchor[1], h[1]))   # ... kept by the stable sort
+    return [anchor] + others[:k - 1]
+
+
+def random_group(train, k, rng):
+    """K distinct training configurations uniformly (the first one plays the anchor)."""
+    return rng.sample(train, k)
+
+
+def mean_pairwise_distance(group):
+    """Mean d_H over the unordered pairs of a group (None for a group of one)."""
+    pairs = list(itertools.combinations(group, 2))
+    return sum(hamming(a[1], b[1]) for a, b in pairs) / len(pairs) if pairs else None
+
+
+# ---------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------
+def main(argv=None):
+    args = parse_args(argv)
+    run = Path(args.run)
+    train_path = run / "train_harnesses.jsonl"
+    train = load_train(train_path)
+    task_ids = load_task_ids(args.tasks)
+    if args.k < 1:
+        fail(f"--k {args.k}: must be at least 1")
+    if args.k > len(train):
+        fail(f"--k {args.k} is larger than the training set: {train_path} has {len(train)} configurations")
+
+    rng = random.Random(args.seed)
+    make_group = locality_group if args.method == "locality" else random_group
+    records, groups = [], []
+    for tid in task_ids:
+        group = make_group(train, args.k, rng)
+        groups.append(group)
+        records.append({"task_id": tid, "harness_ids": [h[0] for h in group],
+                        "hamming_to_anchor": [hamming(group[0][1], h[1]) for h in group]})
+
+    # Usage: in how many task groups each training configuration appears (and as anchor).
+    used = Counter(h[0] for g in groups for h in g)
+    anchors = Counter(g[0][0] for g in groups)
+    # Locality: mean within-group d_H here vs random assignment. For K distinct uniform
+    # configurations every pair in the group is a uniform pair of H_tr, so its expectation is
+    # E_random[d_H] = mean of d_H(h_i, h_j) over all unordered pairs i < j of H_tr (exact).
+    within = [m for m in (mean_pairwise_distance(g) for g in groups) if m is not None]
+    mean_within = sum(within) / len(within) if within else None
+    random_expect = mean_pairwise_distance(train)
+    mean_to_anchor = sum(sum(r["hamming_to_anchor"][1:]) for r in records) / max(1, len(records) * (args.k - 1))
+
+    print(f"tasks: {len(task_ids)} from {args.tasks}; H_tr: {len(train)} configurations from {train_path}")
+    print(f"method {args.method}, K = {args.k}, seed {args.seed}")
+    print("usage: tasks whose group holds the configuration (as anchor in brackets)")
+    cells = [f"{hid} {used[hid]:>4} ({anchors[hid]})" for hid, _ in sorted(train)]
+    for i in range(0, len(cells), 3):
+        print("  " + "   ".join(f"{c:<26}" for c in cells[i:i + 3]).rstrip())
+    print(f"usage min..max: {min(used[h] for h, _ in train)}..{max(used[h] for h, _ in train)} "
+          f"(mean {len(task_ids) * args.k / len(train):.2f} = tasks * K / |H_tr|); "
+          f"configurations never used: {sum(used[h] == 0 for h, _ in train)}")
+    if mean_within is None:
+        print("mean within-group Hamming distance: n/a (K = 1 or a training set of one)")
+    else:
+        print(f"mean within-group Hamming distance: {mean_within:.3f} ({args.method}, this assignment) vs "
+              f"{random_expect:.3f} for random assignment (exact expectation)")
+        print(f"mean Hamming distance anchor -> other members: {mean_to_anchor:.3f}")
+
+    config = {"stage": "03_assignment", "args": vars(args), "n_tasks": len(task_ids), "n_train": len(train),
+              "usage": dict(sorted(used.items())), "anchor_usage": dict(sorted(anchors.items())),
+              "mean_within_group_hamming": mean_within, "random_expected_within_group_hamming": random_expect,
+              "mean_hamming_to_anchor": mean_to_anchor}
+    atomic_write_text(run / "assignment.jsonl", jsonl_text(records))
+    atomic_write_text(run / "03_assignment_config.json", json.dumps(config, indent=1) + "\n")
+    print(f"wrote {run / 'assignment.jsonl'} ({len(records)} tasks), {run / '03_assignment_config.json'}")
+
+
+if __name__ == "__main__":
+    main()
