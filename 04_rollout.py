@@ -1,0 +1,976 @@
+"""Stage 04: the workspace environment, the harness interpreter, and multi-turn rollouts.
+
+    # train mode: tasks of iteration t from DIR/assignment.jsonl, task x under H_x[t mod K], G samples each
+    python 04_rollout.py --run runs/toy --iteration 0 --group-size 4 --tasks-per-iteration 32
+    python 04_rollout.py --run runs/toy --iteration 0 --policy oracle --tokenizer runs/toy/init_policy
+    # eval mode: tasks (default data/test_tasks.jsonl) x harnesses x samples
+    python 04_rollout.py --run runs/toy --eval --policy runs/toy/iter_004/policy --harnesses heldout:20 --out runs/toy/eval/x.jsonl
+    python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external --harness-file data/example_harness.json --out /tmp/o.jsonl
+
+Harness record (lines of harness_space.jsonl, and the shape of a --harness-file): {"harness_id",
+"levels" (null for out-of-space), "external" (bool), "specs": {"S","T","O","C","W"}}; the fields of
+each spec are listed in the contract's realisation table. Out-of-space extras read here:
+S.placement "user" (no system message: the prompt leads the first user message, then S.task_prefix
+and the request); T.syntax "shell" (one tool: a ```sh block, commands `ls`, `cat FILE`, `grep WORD`,
+`calc EXPR`, `echo TEXT > FILE`, `submit ANSWER`; T.tools maps canonical tools to command words) and
+"react" (`Action: NAME` + `Action Input: {json}`, or `Final Answer: X` = submit); W.reply_marker (every
+reply needs a line starting with it). --harness-file takes a JSON object, a JSON list, or JSONL.
+Built in: X-shell and X-react (EXTERNAL_HARNESSES below); data/example_harness.json is an example.
+
+Episode rules. One observation message per reply (the outputs of its calls joined by newlines, in
+O's template; W's budget reminder on a new line at its end). A reply without a parsable call, with a
+malformed call, or with more calls than T.max_calls_per_turn is a parse error (one per reply; the
+well-formed calls up to the limit still run). Unknown tools, bad arguments and failing tools are tool
+errors. A W1 first reply not starting with plan_prefix, a missing W.reply_marker line, and a submit
+without verify_marker are workflow violations (calls not run). Errors are observations in O's
+error_template; {tool} is the shown tool name, "parser" or "workflow". A run submit ends the episode;
+the turn budget ends it as "turn_budget"; a prompt longer than max positions - max new tokens ends it
+as "context_limit". Reward = the task's checker on the final workspace and the submitted answer,
+whatever the finish reason. Train-mode batch of iteration t: tasks in assignment order, permuted by
+Random(seed * 1000003 + epoch); epoch e = t // ceil(N/B) takes chunk t mod ceil(N/B) of size B (the
+last chunk is filled from the start of the same permutation), so every epoch visits every task.
+vLLM backend: written for vLLM >= 0.10.2 (V1 engine, needs `logprobs_mode`), checked against the
+documented API of 0.10.2-0.11 (LLM(...), LLM.generate(prompts, [SamplingParams]), RequestOutput).
+"""
+import argparse
+import ast
+import json
+import math
+import operator
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+HERE = Path(__file__).resolve().parent
+COMPONENTS = ["S", "T", "O", "C", "W"]
+SYNTAXES = ["hermes_json", "xml_invoke", "python_call", "shell", "react"]
+CANONICAL = {"list_files": [], "read_file": ["path"], "search": ["query"], "write_file": ["path", "content"],
+             "calculator": ["expression"], "submit": ["answer"]}
+TOOL_HELP = {"list_files": "list all files", "read_file": "show a file", "search": "show lines that contain it",
+             "write_file": "replace a file's text", "calculator": "do arithmetic", "submit": "give the final answer"}
+MAX_REPLY, MAX_ARG, MAX_FILE, MAX_FILES, MAX_PATH, MAX_ERR = 8000, 2000, 4000, 64, 64, 200
+
+EXTERNAL_HARNESSES = [
+    {"harness_id": "X-shell", "levels": None, "external": True, "specs": {
+        "S": {"id": "XS-shell", "desc": "shell operator prompt", "placement": "system",
+              "template": "You operate a sandboxed shell in a folder of text files.\n{tool_docs}\n{workflow_rules}"},
+        "T": {"id": "XT-shell", "desc": "one shell tool, tiny command language", "syntax": "shell",
+              "max_calls_per_turn": 1, "tools": {
+                  "list_files": {"name": "ls", "args": {}}, "read_file": {"name": "cat", "args": {"path": "FILE"}},
+                  "search": {"name": "grep", "args": {"query": "WORD"}},
+                  "write_file": {"name": "echo", "args": {"path": "FILE", "content": "TEXT"}},
+                  "calculator": {"name": "calc", "args": {"expression": "EXPR"}},
+                  "submit": {"name": "submit", "args": {"answer": "ANSWER"}}}},
+        "O": {"id": "XO-shell", "desc": "terminal output with exit status", "role": "tool",
+              "template": "{output}\n[exit 0]", "error_template": "sh: {tool}: {error}\n[exit 1]",
+              "max_chars": 800, "truncate_marker": "\n[... {n} more bytes]", "line_numbers": False},
+        "C": {"id": "XC-shell", "desc": "last 3 exchanges", "mode": "window", "k": 3, "elided_text": None},
+        "W": {"id": "XW-shell", "desc": "one command per reply, commands-left reminder",
+              "rules": "Run exactly one command per reply.", "plan_first": False, "plan_prefix": None,
+              "budget_reminder": "[{left} commands left]", "verify_before_submit": False, "verify_marker": None}}},
+    {"harness_id": "X-react", "levels": None, "external": True, "specs": {
+        "S": {"id": "XS-react", "desc": "classic ReAct prompt in the user turn", "placement": "user",
+              "task_prefix": "Question: ",
+              "template": "Answer the question below. You can use these tools:\n{tool_docs}\n{workflow_rules}"},
+        "T": {"id": "XT-react", "desc": "Action / Action Input lines, Final Answer", "syntax": "react",
+              "max_calls_per_turn": 1, "final_answer": "Final Answer:", "tools": {
+                  "list_files": {"name": "ListFiles", "args": {}},
+                  "read_file": {"name": "ReadFile", "args": {"path": "file_path"}},
+                  "search": {"name": "SearchText", "args": {"query": "text"}},
+                  "write_file": {"name": "WriteFile", "args": {"path": "file_path", "content": "text"}},
+                  "calculator": {"name": "Calculator", "args": {"expression": "input"}},
+                  "submit": {"name": "Final Answer", "args": {"answer": "answer"}}}},
+        "O": {"id": "XO-react", "desc": "Observation: lines as user turns", "role": "user",
+              "template": "Observation: {output}", "error_template": "Observation: ERROR ({tool}) {error}",
+              "max_chars": 1000, "truncate_marker": " [...]", "line_numbers": False},
+        "C": {"id": "XC-react", "desc": "older observations hidden", "mode": "elide", "k": 2,
+              "elided_text": "Observation: (hidden)"},
+        "W": {"id": "XW-react", "desc": "Thought line required in every reply",
+              "rules": "Every reply starts with 'Thought: ...', then either 'Action: TOOL' and 'Action Input: {JSON}', "
+                       "or 'Final Answer: ANSWER'.",
+              "plan_first": False, "plan_prefix": None, "reply_marker": "Thought:", "budget_reminder": None,
+              "verify_before_submit": False, "verify_marker": None}}},
+]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Run (task, harness) episodes with a policy; write rollouts.jsonl.")
+    p.add_argument("--run", default="runs/default", help="run folder")
+    p.add_argument("--iteration", type=int, default=None, help="train mode: RL iteration t")
+    p.add_argument("--eval", action="store_true", help="eval mode (needs --harnesses and --out)")
+    p.add_argument("--policy", default=None, help="checkpoint folder or 'oracle' (train default: contract rule)")
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend for a checkpoint")
+    p.add_argument("--tokenizer", default=None, help="oracle: record token ids with this tokenizer")
+    p.add_argument("--tasks", default=None, help="tasks JSONL (train: data/train_tasks.jsonl, eval: data/test_tasks.jsonl)")
+    p.add_argument("--group-size", type=int, default=4, help="train: samples per (task, harness) = GRPO group")
+    p.add_argument("--tasks-per-iteration", type=int, default=32, help="train: tasks per iteration B (0 = all)")
+    p.add_argument("--harnesses", default=None, help="eval: base|train|heldout|heldout:N|all|external|id,id,...")
+    p.add_argument("--harness-file", action="append", default=[], help="extra harness JSON/JSONL (repeatable)")
+    p.add_argument("--samples", type=int, default=1, help="eval: samples per (task, harness)")
+    p.add_argument("--out", default=None, help="eval: output rollouts JSONL")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--max-turns", type=int, default=6, help="model replies per episode (turn budget)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
+    p.add_argument("--seed", type=int, default=0, help="random seed (sampling; heldout:N draw)")
+    p.add_argument("--order-seed", type=int, default=0, help="train: seed of the task order; keep it fixed over iterations")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- small helpers (repeated per stage)
+class InputError(Exception):
+    """Bad input: reported as `error: ...` with exit status 2, nothing written."""
+
+
+class ToolError(Exception):
+    """A tool call that fails: becomes an error observation, never leaves the episode."""
+
+
+def clip(s, n=MAX_ERR):
+    s = str(s)
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def read_jsonl(path, what):
+    if not Path(path).is_file():
+        raise InputError(f"{path}: {what} file not found")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append((n, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise InputError(f"{path}:{n}: malformed JSON ({e.msg})")
+    return rows
+
+
+def write_atomic(path, text):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed)
+        import torch
+        torch.manual_seed(seed)  # also seeds every CUDA device
+    except ImportError:
+        pass
+
+
+def fill(template, **values):
+    """Replace {name} placeholders in one pass (text put in is never re-read, so braces in it are safe)."""
+    return re.sub(r"\{(\w+)\}", lambda m: str(values[m[1]]) if m[1] in values else m[0], template)
+
+
+# ----------------------------------------------------------------------------- tasks and checkers
+def check_checker(c, where):
+    kinds = {"answer_equals": ["value"], "file_equals": ["path", "value"], "file_contains": ["path", "value"],
+             "all": ["checks"]}
+    if not isinstance(c, dict) or c.get("type") not in kinds:
+        raise InputError(f"{where}: field 'checker': type must be one of {sorted(kinds)}")
+    for key in kinds[c["type"]]:
+        if key not in c:
+            raise InputError(f"{where}: field 'checker.{key}' missing")
+    if c["type"] == "all":
+        if not isinstance(c["checks"], list) or not c["checks"]:
+            raise InputError(f"{where}: field 'checker.checks' must be a non-empty list")
+        for sub in c["checks"]:
+            check_checker(sub, where)
+
+
+def load_tasks(path):
+    tasks, seen = [], set()
+    for n, t in read_jsonl(path, "tasks"):
+        where = f"{path}:{n}"
+        if not isinstance(t, dict):
+            raise InputError(f"{where}: a task must be a JSON object")
+        for key, typ in (("task_id", str), ("request", str), ("files", dict), ("checker", dict)):
+            if not isinstance(t.get(key), typ):
+                raise InputError(f"{where}: field '{key}' missing or not a {typ.__name__}")
+        if t["task_id"] in seen:
+            raise InputError(f"{where}: field 'task_id': duplicate id {t['task_id']!r}")
+        seen.add(t["task_id"])
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in t["files"].items()):
+            raise InputError(f"{where}: field 'files' must map path strings to text strings")
+        check_checker(t["checker"], where)
+        for i, step in enumerate(t.get("solution") or []):
+            if not (isinstance(step, dict) and step.get("tool") in CANONICAL and isinstance(step.get("args", {}), dict)
+                    and set(step.get("args", {})) == set(CANONICAL[step["tool"]])):
+                raise InputError(f"{where}: field 'solution[{i}]': needs a canonical tool and exactly its args")
+        t.setdefault("family", "custom")
+        tasks.append(t)
+    if not tasks:
+        raise InputError(f"{path}: no tasks")
+    return tasks
+
+
+def normalise(s):
+    s = " ".join(str(s).strip().lower().split()).strip("'\"`").rstrip(".")
+    try:
+        return repr(float(s))
+    except ValueError:
+        return s
+
+
+def score(checker, files, answer):
+    """The verifier: a score in [0, 1] from the final workspace and the submitted answer."""
+    kind = checker["type"]
+    if kind == "all":
+        return sum(score(c, files, answer) == 1.0 for c in checker["checks"]) / len(checker["checks"])
+    if kind == "answer_equals":
+        return float(answer is not None and normalise(answer) == normalise(checker["value"]))
+    text = files.get(checker["path"])
+    if text is None:
+        return 0.0
+    if kind == "file_equals":
+        return float(text.strip() == str(checker["value"]).strip())
+    return float(str(checker["value"]) in text)
+
+
+# ----------------------------------------------------------------------------- the workspace and its tools
+OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+       ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+
+
+def calculate(expr):
+    """Safe arithmetic: numbers, + - * / // % ** and parentheses; |values| <= 1e15, exponents <= 64. No eval."""
+    if len(expr) > 200:
+        raise ToolError("expression too long (200 chars max)")
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise ToolError("not an arithmetic expression")
+    if sum(1 for _ in ast.walk(tree)) > 100:
+        raise ToolError("expression too complex")
+
+    def ev(node):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            value = node.value
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+            value = ev(node.operand) * (-1 if isinstance(node.op, ast.USub) else 1)
+        elif isinstance(node, ast.BinOp) and type(node.op) in OPS:
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and (abs(b) > 64 or abs(a) > 1e6):
+                raise ToolError("exponent or base too large")
+            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and b == 0:
+                raise ToolError("division by zero")
+            try:
+                value = OPS[type(node.op)](a, b)
+            except (OverflowError, ValueError):
+                raise ToolError("number too large")
+        else:
+            raise ToolError("only numbers, + - * / // % ** and parentheses are allowed")
+        if isinstance(value, complex) or abs(value) > 1e15 or not math.isfinite(value):
+            raise ToolError("result out of range")
+        return value
+
+    value = ev(tree.body)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(round(value, 6) if isinstance(value, float) else value)
+
+
+def check_path(path):
+    path = path.strip()
+    if not path:
+        raise ToolError("empty path")
+    if len(path) > MAX_PATH:
+        raise ToolError("path too long")
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        raise ToolError("control character in path")
+    if path.startswith(("/", "~")) or "\\" in path or any(p in ("", ".", "..") for p in path.split("/")):
+        raise ToolError(f"path must stay inside the workspace: {clip(path, 64)}")
+    if not re.fullmatch(r"[A-Za-z0-9_.\-/]+", path):
+        raise ToolError("path may use only letters, digits, '_', '-', '.' and '/'")
+    return path
+
+
+class Workspace:
+    """The task's files in memory; the six canonical tools. Nothing is executed, nothing touches the disk."""
+
+    def __init__(self, files):
+        self.files, self.answer = dict(files), None
+
+    def call(self, tool, args):
+        if tool == "list_files":
+            return "\n".join(sorted(self.files)) or "(no files)"
+        if tool == "read_file":
+            path = check_path(args["path"])
+            if path not in self.files:
+                raise ToolError(f"no such file: {path}")
+            return self.files[path][:MAX_FILE] or "(empty file)"
+        if tool == "search":
+            query = args["query"].strip().lower()
+            if not query or len(query) > 100:
+                raise ToolError("the search text must have 1-100 characters")
+            hits = [f"{name}: {line}" for name in sorted(self.files) for line in self.files[name].splitlines()
+                    if query in line.lower()]
+            return "\n".join(hits[:20]) or "no matches"
+        if tool == "write_file":
+            path, content = check_path(args["path"]), args["content"]
+            if len(content) > MAX_FILE:
+                raise ToolError(f"content too long ({MAX_FILE} chars max)")
+            if path not in self.files and len(self.files) >= MAX_FILES:
+                raise ToolError("too many files")
+            self.files[path] = content
+            return f"wrote {len(content)} chars to {path}"
+        if tool == "calculator":
+            return calculate(args["expression"])
+        self.answer = args["answer"]  # submit
+        return "submitted"
+
+
+# ----------------------------------------------------------------------------- harness records
+def validate_harness(h, where):
+    if not isinstance(h, dict) or not isinstance(h.get("harness_id"), str) or not h["harness_id"]:
+        raise InputError(f"{where}: field 'harness_id' missing")
+    specs = h.get("specs")
+    if not isinstance(specs, dict) or any(not isinstance(specs.get(c), dict) for c in COMPONENTS):
+        raise InputError(f"{where}: field 'specs' must hold objects S, T, O, C, W")
+    S, T, O, C, W = (specs[c] for c in COMPONENTS)
+    need = [(S, "S", "template", str), (T, "T", "syntax", str), (T, "T", "tools", dict), (O, "O", "role", str),
+            (O, "O", "template", str), (O, "O", "error_template", str), (C, "C", "mode", str)]
+    for spec, c, key, typ in need:
+        if not isinstance(spec.get(key), typ):
+            raise InputError(f"{where}: field 'specs.{c}.{key}' missing or not a {typ.__name__}")
+    if T["syntax"] not in SYNTAXES:
+        raise InputError(f"{where}: field 'specs.T.syntax': {T['syntax']!r} is not one of {SYNTAXES}")
+    for tool, t in T["tools"].items():
+        if tool not in CANONICAL or not isinstance(t, dict) or not isinstance(t.get("name"), str) \
+                or set(t.get("args", {})) != set(CANONICAL[tool]):
+            raise InputError(f"{where}: field 'specs.T.tools.{tool}': needs a canonical tool, a name, all its args")
+    if C["mode"] not in ("full", "window", "elide"):
+        raise InputError(f"{where}: field 'specs.C.mode': must be full, window or elide")
+    if O["role"] not in ("tool", "user"):
+        raise InputError(f"{where}: field 'specs.O.role': must be tool or user")
+    return h
+
+
+def load_harness_file(path):
+    """A JSON object, a JSON list of objects, or JSONL; every record validated."""
+    if not Path(path).is_file():
+        raise InputError(f"{path}: harness file not found")
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+        rows = [(f"{path}[{i}]", h) for i, h in enumerate(data)] if isinstance(data, list) else [(str(path), data)]
+    except json.JSONDecodeError:
+        rows = [(f"{path}:{n}", h) for n, h in read_jsonl(path, "harness")]
+    return [validate_harness(h, where) for where, h in rows]
+
+
+def load_run_harnesses(run, name):
+    path = Path(run) / name
+    return [validate_harness(h, f"{path}:{n}") for n, h in read_jsonl(path, "harness")]
+
+
+# ----------------------------------------------------------------------------- rendering (S, T, O, C)
+def render_call(T, tool, args):
+    """One canonical call written in T's syntax (the oracle's replies and the tool docs' example)."""
+    spec = T["tools"][tool]
+    name, shown = spec["name"], {spec["args"][a]: args[a] for a in CANONICAL[tool]}
+    syntax = T["syntax"]
+    if syntax == "hermes_json":
+        return "<tool_call>" + json.dumps({"name": name, "arguments": shown}, ensure_ascii=False) + "</tool_call>"
+    if syntax == "xml_invoke":
+        params = "".join(f'<parameter name="{k}">{v}</parameter>' for k, v in shown.items())
+        return f'<invoke name="{name}">{params}</invoke>'
+    if syntax == "python_call":
+        return name + "(" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in shown.items()) + ")"
+    if syntax == "react":
+        if tool == "submit":
+            return f"{T.get('final_answer', 'Final Answer:')} {args['answer']}"
+        return f"Action: {name}\nAction Input: {json.dumps(shown, ensure_ascii=False)}"
+    if tool == "write_file":  # shell
+        text = args["content"]
+        if any(c in text for c in "\n\"'>") or text != text.strip():
+            text = json.dumps(text, ensure_ascii=False)
+        command = f"{name} {text} > {args['path']}"
+    else:
+        command = " ".join([name] + [args[a] for a in CANONICAL[tool]])
+    return f"```sh\n{command}\n```"
+
+
+def tool_docs(T):
+    tools, n = T["tools"], T.get("max_calls_per_turn", 1)
+    if T["syntax"] == "shell":
+        def usage(tool):
+            a, name = tools[tool]["args"], tools[tool]["name"]
+            return f"{name} {a['content']} > {a['path']}" if tool == "write_file" else \
+                " ".join([name] + [a[x] for x in CANONICAL[tool]])
+        lines = [f"Commands (in a ```sh block, at most {n} per reply):"]
+        return "\n".join(lines + [f"{usage(t)} - {TOOL_HELP[t]}" for t in CANONICAL if t in tools])
+    if T["syntax"] == "react":
+        lines = [f"- {s['name']}, input {json.dumps({v: '...' for v in s['args'].values()})}: {TOOL_HELP[t]}"
+                 for t, s in tools.items() if t != "submit"]
+        return "\n".join(lines)
+    lines = [f"- {tools[t]['name']}({', '.join(tools[t]['args'][a] for a in CANONICAL[t])}): {TOOL_HELP[t]}"
+             for t in CANONICAL if t in tools]
+    example = render_call(T, "read_file", {"path": "a.txt"}) if "read_file" in tools else ""
+    per = "one call per line, " if T["syntax"] == "python_call" else ""
+    return "\n".join(lines + [f"Call format ({per}at most {n} per reply):", example])
+
+
+def initial_messages(h, task, max_turns):
+    S, T, W = h["specs"]["S"], h["specs"]["T"], h["specs"]["W"]
+    text = fill(S["template"], tool_docs=tool_docs(T), workflow_rules=W.get("rules") or "",
+                max_turns=max_turns).strip()
+    if S.get("placement") == "user":
+        return [{"role": "user", "content": text + "\n\n" + (S.get("task_prefix") or "") + task["request"]}]
+    return [{"role": "system", "content": text}, {"role": "user", "content": task["request"]}]
+
+
+def format_output(O, tool, output):
+    if O.get("line_numbers"):
+        output = "\n".join(f"{i}: {line}" for i, line in enumerate(output.split("\n"), 1))
+    limit = O.get("max_chars") or 2000
+    if len(output) > limit:
+        output = output[:limit] + fill(O.get("truncate_marker") or "...", n=len(output) - limit)
+    return fill(O["template"], tool=tool, output=output)
+
+
+def format_error(O, tool, error):
+    return fill(O["error_template"], tool=clip(tool, 40), error=clip(error))
+
+
+def manage_context(C, messages, n_head):
+    """C: what the model sees. The head (system + task) is always kept; the rest are (reply, observation) pairs."""
+    head, rest = messages[:n_head], messages[n_head:]
+    k = C.get("k") or 0
+    if C["mode"] == "window":
+        return head + rest[max(0, len(rest) - 2 * k):]
+    if C["mode"] == "elide":
+        n_obs = len(rest) // 2
+        return head + [dict(m, content=C.get("elided_text") or "") if i % 2 == 1 and i // 2 < n_obs - k else m
+                       for i, m in enumerate(rest)]
+    return list(messages)
+
+
+# ----------------------------------------------------------------------------- parsing replies (T)
+def parse_reply(T, text):
+    """-> list of ("call", shown_name, {shown_arg: value}) or ("error", message), in order of appearance."""
+    if len(text) > MAX_REPLY:
+        return [("error", f"reply too long ({MAX_REPLY} chars max)")]
+    syntax, items = T["syntax"], []
+    if syntax == "hermes_json":
+        for start in [m.end() for m in re.finditer(r"<tool_call>", text)]:
+            end = text.find("</tool_call>", start)
+            if end < 0:
+                items.append(("error", "unclosed <tool_call>"))
+                break
+            try:
+                obj = json.loads(text[start:end])
+                args = obj.get("arguments", {})
+                args = json.loads(args) if isinstance(args, str) else args
+                assert isinstance(obj["name"], str) and isinstance(args, dict)
+                items.append(("call", obj["name"], args))
+            except Exception:
+                items.append(("error", 'a tool call must be {"name": ..., "arguments": {...}} in JSON'))
+    elif syntax == "xml_invoke":
+        for m in re.finditer(r"<invoke\b", text):
+            end = text.find("</invoke>", m.start())
+            head = re.match(r"""<invoke\s+name\s*=\s*["']([^"'<>]*)["']\s*>""", text[m.start():max(end, 0)])
+            body = text[m.start() + head.end():end] if end >= 0 and head else ""
+            params = re.findall(r"""<parameter\s+name\s*=\s*["']([^"'<>]*)["']\s*>\n?(.*?)\n?</parameter>""", body, re.S)
+            if end < 0 or not head or len(params) != body.count("<parameter") or len({k for k, _ in params}) < len(params):
+                items.append(("error", 'write <invoke name="TOOL"><parameter name="ARG">value</parameter></invoke>, '
+                                       "each tag closed, each argument once"))
+                continue
+            items.append(("call", head[1], dict(params)))
+    elif syntax == "python_call":
+        for line in text.splitlines():
+            if not re.match(r"\s*[A-Za-z_]\w*\s*\(", line):
+                continue
+            try:
+                node = ast.parse(line.strip(), mode="eval").body
+                assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
+                args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+                assert None not in args and all(type(v) in (str, int, float) for v in args.values())
+                items.append(("call", node.func.id, args))
+            except Exception:
+                items.append(("error", 'write one call per line as name(arg="text"), keyword arguments only'))
+    elif syntax == "shell":
+        if text.count("```") % 2:
+            return [("error", "unclosed ``` block")]
+        words = {spec["name"]: tool for tool, spec in T["tools"].items()}
+        for block in re.findall(r"```[A-Za-z]*\n?(.*?)```", text, re.S):
+            for line in [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]:
+                word, _, rest = line.partition(" ")
+                tool, rest = words.get(word), rest.strip()
+                if tool != "write_file" and re.search(r"[|;&`]|\$\(", line):
+                    items.append(("error", "pipes, ';', '&' and substitutions are not supported"))
+                    continue
+                if tool is None:
+                    items.append(("call", word, {}))  # -> "unknown tool" (a tool error)
+                    continue
+                names = T["tools"][tool]["args"]
+                if tool == "write_file":
+                    m = re.match(r"(.*?)\s*>\s*(\S+)$", rest, re.S)
+                    if not m:
+                        items.append(("error", f"write files as: {word} TEXT > FILE"))
+                        continue
+                    content = m[1]
+                    if content.startswith('"'):
+                        try:
+                            content = json.loads(content)
+                        except json.JSONDecodeError:
+                            items.append(("error", "bad quoted text"))
+                            continue
+                    items.append(("call", word, {names["path"]: m[2], names["content"]: unquote(content)}))
+                else:
+                    items.append(("call", word, {names[a]: unquote(rest) for a in CANONICAL[tool]}))
+    else:  # react
+        final = T.get("final_answer", "Final Answer:")
+        answers = re.findall(r"^\s*" + re.escape(final) + r"(.*)$", text, re.M)
+        actions = list(re.finditer(r"^\s*Action:[ \t]*(.*)$", text, re.M))
+        if answers and actions:
+            return [("error", f"write either an Action or a {final} line, not both")]
+        if answers:
+            return [("call", T["tools"]["submit"]["name"], {T["tools"]["submit"]["args"]["answer"]: answers[0].strip()})]
+        for m in actions:
+            rest = re.match(r"\s*\n\s*Action Input:[ \t]*", text[m.end():])
+            try:
+                args, _ = json.JSONDecoder().raw_decode(text[m.end() + rest.end():])
+                assert isinstance(args, dict)
+                items.append(("call", m[1].strip(), args))
+            except Exception:
+                items.append(("error", "after 'Action: TOOL' write 'Action Input: {JSON object}'"))
+    return items
+
+
+def unquote(s):
+    return s[1:-1] if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"" else s
+
+
+def to_canonical(T, name, args):
+    by_name = {spec["name"]: tool for tool, spec in T["tools"].items()}
+    if name not in by_name:
+        raise ToolError(f"unknown tool {clip(name, 40)!r}; tools: {', '.join(by_name)}")
+    tool = by_name[name]
+    shown = T["tools"][tool]["args"]
+    inverse = {v: k for k, v in shown.items()}
+    unknown = [a for a in args if a not in inverse]
+    if unknown:
+        raise ToolError(f"unknown argument {clip(unknown[0], 40)!r}; {name} takes: {', '.join(shown.values()) or 'nothing'}")
+    out = {}
+    for a in CANONICAL[tool]:
+        value = args.get(shown[a])
+        if value is None:
+            raise ToolError(f"missing argument {shown[a]!r}")
+        if type(value) in (int, float):
+            value = str(value)
+        if not isinstance(value, str):
+            raise ToolError(f"argument {shown[a]!r} must be a string")
+        if len(value) > MAX_ARG:
+            raise ToolError(f"argument {shown[a]!r} too long ({MAX_ARG} chars max)")
+        out[a] = value
+    return tool, out
+
+
+# ----------------------------------------------------------------------------- one episode (W enforced here)
+class Episode:
+    def __init__(self, task, harness, max_turns, meta):
+        self.task, self.harness, self.max_turns, self.meta = task, harness, max_turns, meta
+        self.S, self.T, self.O, self.C, self.W = (harness["specs"][c] for c in COMPONENTS)
+        self.ws = Workspace(task["files"])
+        self.messages = initial_messages(harness, task, max_turns)
+        self.n_head = len(self.messages)
+        self.turns = self.parse_errors = self.tool_errors = self.workflow_violations = 0
+        self.model_turns, self.finish_reason, self.reward = [], None, 0.0
+
+    @property
+    def done(self):
+        return self.finish_reason is not None
+
+    def context(self):
+        return manage_context(self.C, self.messages, self.n_head)
+
+    def finish(self, reason):
+        self.finish_reason = reason
+        self.reward = score(self.task["checker"], self.ws.files, self.ws.answer)
+
+    def violation(self, message):
+        self.workflow_violations += 1
+        return format_error(self.O, "workflow", message)
+
+    def step(self, reply):
+        """Apply one model reply: workflow checks, parse, run the calls, append the observation."""
+        self.turns += 1
+        self.messages.append({"role": "assistant", "content": reply})
+        W, T, O = self.W, self.T, self.O
+        parts, parse_failed = [], False
+        plan, marker = W.get("plan_prefix") or "Plan:", W.get("reply_marker")
+        if W.get("plan_first") and self.turns == 1 and not reply.lstrip().startswith(plan):
+            parts.append(self.violation(f"your first reply must start with '{plan}'; nothing was run"))
+        elif marker and not any(line.strip().startswith(marker) for line in reply.splitlines()):
+            parts.append(self.violation(f"every reply needs a line starting with '{marker}'; nothing was run"))
+        else:
+            items = parse_reply(T, reply) or [("error", "no tool call found")]
+            calls = 0
+            for item in items:
+                if item[0] == "error":
+                    parse_failed = True
+                    parts.append(format_error(O, "parser", item[1]))
+                    continue
+                calls += 1
+                if calls > T.get("max_calls_per_turn", 1):
+                    parse_failed = True
+                    parts.append(format_error(O, "parser", f"at most {T.get('max_calls_per_turn', 1)} calls per "
+                                                           "reply; the rest were not run"))
+                    break
+                name = item[1]
+                try:
+                    tool, args = to_canonical(T, name, item[2])
+                    if tool == "submit" and W.get("verify_before_submit") and (W.get("verify_marker") or "") not in reply:
+                        parts.append(self.violation(f"submit refused: put a line '{W.get('verify_marker')} ...' "
+                                                    "in the reply that submits"))
+                        continue
+                    output = self.ws.call(tool, args)
+                except ToolError as e:
+                    self.tool_errors += 1
+                    parts.append(format_error(O, name, str(e)))
+                    continue
+                if tool == "submit":
+                    self.parse_errors += parse_failed
+                    return self.finish("submitted")
+                parts.append(format_output(O, name, output))
+        self.parse_errors += parse_failed
+        observation = "\n".join(parts)
+        if W.get("budget_reminder"):
+            observation += "\n" + fill(W["budget_reminder"], left=self.max_turns - self.turns)
+        self.messages.append({"role": O["role"], "content": observation})
+        if self.turns >= self.max_turns:
+            self.finish("turn_budget")
+
+    def record(self, policy, temperature):
+        return {**self.meta, "task_id": self.task["task_id"], "family": self.task["family"],
+                "harness_id": self.harness["harness_id"], "policy": policy, "temperature": temperature,
+                "reward": self.reward, "success": self.reward == 1.0, "finish_reason": self.finish_reason,
+                "turns": self.turns, "parse_errors": self.parse_errors, "tool_errors": self.tool_errors,
+                "workflow_violations": self.workflow_violations, "submitted_answer": self.ws.answer,
+                "transcript": self.messages, "model_turns": self.model_turns}
+
+
+def oracle_reply(ep):
+    """The scripted expert: the task's next solution call in this harness's syntax, satisfying its workflow."""
+    solution = ep.task.get("solution") or []
+    step = solution[min(ep.turns, len(solution) - 1)]
+    T, W = ep.T, ep.W
+    lines = []
+    if W.get("plan_first") and ep.turns == 0:
+        lines.append(f"{W.get('plan_prefix') or 'Plan:'} " + ", ".join(T["tools"][s["tool"]]["name"] for s in solution) + ".")
+    if W.get("reply_marker"):
+        lines.append(f"{W['reply_marker']} " + ("I know the answer." if step["tool"] == "submit" else
+                                                f"I will use {T['tools'][step['tool']]['name']}."))
+    if step["tool"] == "submit" and W.get("verify_before_submit"):
+        lines.append(f"{W.get('verify_marker')} {step['args']['answer']}")
+    return "\n".join(lines + [render_call(T, step["tool"], step["args"])])
+
+
+# ----------------------------------------------------------------------------- tokenizer and generation backends
+def load_tokenizer(path):
+    """The policy's tokenizer; .stop_ids = <|im_end|>, eos and generation_config eos ids (first = reply end)."""
+    from transformers import AutoTokenizer
+    if not Path(path).is_dir():
+        raise InputError(f"{path}: tokenizer/policy folder not found")
+    tok = AutoTokenizer.from_pretrained(path)
+    gen = Path(path) / "generation_config.json"
+    gen_eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
+    im_end = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else None
+    candidates = [im_end, tok.eos_token_id] + (gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    tok.stop_ids = list(dict.fromkeys(t for t in candidates if t is not None))
+    if not tok.stop_ids:
+        raise InputError(f"{path}: the tokenizer has no eos token and no <|im_end|>")
+    return tok
+
+
+def encode(tok, messages):
+    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def max_positions(path):
+    cfg = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").is_file() else {}
+    cfg = cfg.get("text_config", cfg)
+    return cfg.get("max_position_embeddings")
+
+
+class HFBackend:
+    """transformers generate: one left-padded batch per call, sampling at `temperature` with no other warper."""
+
+    def __init__(self, path, tok, args):
+        import torch
+        from transformers import AutoModelForCausalLM
+        self.torch, self.tok, self.args = torch, tok, args
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.stop_ids[0]
+        self.gen_seconds = 0.0
+
+    def generate(self, prompts, turn):
+        from transformers import GenerationConfig
+        torch, T = self.torch, self.args.temperature
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)  # [B, L] left-padded
+        mask = torch.zeros_like(ids)  # [B, L]
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        sample = T > 0
+        # explicit values: unset fields would be filled from the checkpoint's generation_config (top_k, top_p, ...)
+        config = GenerationConfig(do_sample=sample, temperature=T if sample else 1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                  typical_p=1.0, repetition_penalty=1.0, max_new_tokens=self.args.max_new_tokens,
+                                  eos_token_id=self.tok.stop_ids, pad_token_id=self.pad,
+                                  output_scores=sample, return_dict_in_generate=True)
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                      generation_config=config)
+        self.gen_seconds += time.perf_counter() - start
+        new = out.sequences[:, width:].cpu()  # [B, N]
+        logp = None
+        if sample:  # processed scores = logits / T: the sampling distribution
+            scores = torch.stack(out.scores, dim=1).float().cpu()  # [B, N, V]
+            logp = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [B, N]
+        results = []
+        for i in range(len(prompts)):
+            row = new[i].tolist()
+            n = next((j + 1 for j, t in enumerate(row) if t in self.tok.stop_ids), len(row))
+            results.append((row[:n], logp[i, :n].tolist() if logp is not None else None))
+        return results
+
+
+class VLLMBackend:
+    """vLLM offline engine on plain {"prompt_token_ids": ...} prompts; one engine per run of this script."""
+
+    def __init__(self, path, tok, args):
+        try:
+            import vllm  # lazy: only the GPU preset needs it
+        except ImportError:
+            raise InputError("--backend vllm: vllm is not installed (pip install 'vllm>=0.10.2')")
+        self.vllm, self.tok, self.args, self.gen_seconds = vllm, tok, args, 0.0
+        # generation_config="vllm": ignore the checkpoint's sampling defaults; processed_logprobs: log-probs of
+        # the distribution actually sampled from (after temperature), not of the raw logits.
+        self.llm = vllm.LLM(model=str(path), seed=args.seed, generation_config="vllm",
+                            logprobs_mode="processed_logprobs")
+
+    def generate(self, prompts, turn):
+        T = self.args.temperature
+        params = [self.vllm.SamplingParams(temperature=T, max_tokens=self.args.max_new_tokens,
+                                           seed=(self.args.seed * 1_000_003 + turn * 10_007 + i) % 2**31,
+                                           stop_token_ids=list(self.tok.stop_ids), logprobs=0 if T > 0 else None)
+                  for i in range(len(prompts))]  # a distinct seed per request: group samples must differ
+        start = time.perf_counter()
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        self.gen_seconds += time.perf_counter() - start
+        results = []
+        for out in outputs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            n = next((j + 1 for j, t in enumerate(ids) if t in self.tok.stop_ids), len(ids))
+            lps = [c.logprobs[j][ids[j]].logprob for j in range(n)] if T > 0 and c.logprobs is not None else None
+            results.append((ids[:n], lps))
+        return results
+
+
+# ----------------------------------------------------------------------------- lockstep rollouts
+def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_tokens=128, positions=None,
+                 temperature=1.0, progress=True):
+    """jobs: (task, harness, meta) triples. Each turn, ONE batched generation call for all live episodes."""
+    episodes = [Episode(task, h, max_turns, meta) for task, h, meta in jobs]
+    bar = tqdm(total=len(episodes), desc="episodes", disable=not progress, leave=False)
+    for turn in range(max_turns):
+        live = [e for e in episodes if not e.done]
+        if not live:
+            break
+        prompts = [encode(tok, e.context()) for e in live] if tok is not None else [None] * len(live)
+        if positions:  # the prompt and the reply must fit in the model's positions
+            over = [e for e, p in zip(live, prompts) if len(p) > positions - max_new_tokens]
+            for e in over:
+                e.finish("context_limit")
+            prompts = [p for e, p in zip(live, prompts) if not e.done]
+            live = [e for e in live if not e.done]
+        if backend is None:  # oracle
+            texts = [oracle_reply(e) for e in live]
+            outs = [(tok.encode(t, add_special_tokens=False) + tok.stop_ids[:1], None) if tok is not None else None
+                    for t in texts]
+        else:
+            outs = backend.generate(prompts, turn) if live else []
+            texts = [tok.decode(ids, skip_special_tokens=True) for ids, _ in outs]
+        for e, p, out, text in zip(live, prompts, outs, texts):
+            if out is not None:
+                e.model_turns.append({"prompt_ids": p, "completion_ids": out[0], "logprobs": out[1]})
+            e.step(text)
+        bar.update(sum(e.done for e in episodes) - bar.n)
+    bar.close()
+    return [e.record(policy, temperature) for e in episodes]
+
+
+# ----------------------------------------------------------------------------- modes: which episodes to run
+def train_batch(task_ids, t, size, order_seed):
+    """Tasks of iteration t: chunk t mod ceil(N/B) of epoch t // ceil(N/B)'s seeded permutation (see docstring)."""
+    n = len(task_ids)
+    if size <= 0 or size >= n:
+        return list(task_ids)
+    epoch, j = divmod(t, -(-n // size))
+    perm = list(range(n))
+    random.Random(order_seed * 1_000_003 + epoch).shuffle(perm)
+    chunk = perm[j * size:(j + 1) * size]
+    return [task_ids[i] for i in chunk + perm[:size - len(chunk)]]
+
+
+def train_jobs(args, tasks_by_id, tasks_path):
+    run, t = Path(args.run), args.iteration
+    known = {}
+    for name in ("harness_space.jsonl", "train_harnesses.jsonl"):
+        if (run / name).is_file():
+            known.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
+    if not known:
+        raise InputError(f"{run / 'train_harnesses.jsonl'}: harness file not found (run stages 01-02 first)")
+    path, assignment = run / "assignment.jsonl", {}
+    for n, row in read_jsonl(path, "assignment"):
+        where = f"{path}:{n}"
+        if not isinstance(row, dict) or row.get("task_id") not in tasks_by_id:
+            raise InputError(f"{where}: field 'task_id': {clip(row.get('task_id') if isinstance(row, dict) else row, 60)!r}"
+                             f" is not a task of {tasks_path}")
+        hids = row.get("harness_ids")
+        if not isinstance(hids, list) or not hids:
+            raise InputError(f"{where}: field 'harness_ids' must be a non-empty list")
+        for hid in hids:
+            if hid not in known:
+                raise InputError(f"{where}: field 'harness_ids': unknown harness id {clip(hid, 60)!r}")
+        assignment[row["task_id"]] = hids
+    jobs = []
+    for tid in train_batch(list(assignment), t, args.tasks_per_iteration, args.order_seed):
+        hid = assignment[tid][t % len(assignment[tid])]  # H_x[t mod K]: successive iterations rotate through H_x
+        for s in range(args.group_size):
+            meta = {"episode_id": f"it{t:03d}-{tid}-{hid}-s{s}", "iteration": t,
+                    "group_id": f"{tid}|{hid}|it{t:03d}", "sample_index": s}
+            jobs.append((tasks_by_id[tid], known[hid], meta))
+    return jobs, run / f"iter_{t:03d}" / "rollouts.jsonl"
+
+
+def select_harnesses(args):
+    run, spec = Path(args.run), args.harnesses
+    external = EXTERNAL_HARNESSES + [h for f in args.harness_file for h in load_harness_file(f)]
+    if spec == "external":
+        return external
+    if spec in ("base", "all"):
+        space = load_run_harnesses(run, "harness_space.jsonl")
+        return space if spec == "all" else [h for h in space if h.get("levels") and not any(h["levels"].values())][:1]
+    if spec == "train":
+        return load_run_harnesses(run, "train_harnesses.jsonl")
+    if spec == "heldout" or spec.startswith("heldout:"):
+        held = load_run_harnesses(run, "heldout_harnesses.jsonl")
+        if spec == "heldout":
+            return held
+        try:
+            n = int(spec.split(":", 1)[1])
+            assert n >= 1
+        except (ValueError, AssertionError):
+            raise InputError(f"--harnesses {spec}: N in heldout:N must be a positive integer")
+        return sorted(random.Random(args.seed).sample(held, min(n, len(held))), key=lambda h: h["harness_id"])
+    pool = {h["harness_id"]: h for h in external}
+    for name in ("harness_space.jsonl", "train_harnesses.jsonl", "heldout_harnesses.jsonl"):
+        if (run / name).is_file():
+            pool.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
+    ids = list(dict.fromkeys(i.strip() for i in spec.split(",") if i.strip()))
+    for hid in ids:
+        if hid not in pool:
+            raise InputError(f"--harnesses: unknown harness id {clip(hid, 60)!r} (not in {run}/*.jsonl, "
+                             "the built-in external harnesses or --harness-file)")
+    return [pool[hid] for hid in ids]
+
+
+def eval_jobs(args, tasks):
+    harnesses = select_harnesses(args)
+    if not harnesses:
+        raise InputError(f"--harnesses {args.harnesses}: no harness selected")
+    jobs = [(task, h, {"episode_id": f"eval-{task['task_id']}-{h['harness_id']}-s{s}", "iteration": None,
+                       "group_id": f"{task['task_id']}|{h['harness_id']}|eval", "sample_index": s})
+            for h in harnesses for task in tasks for s in range(args.samples)]
+    return jobs, Path(args.out)
+
+
+# ----------------------------------------------------------------------------- main
+def summarize(records):
+    """Mean reward / success / parse errors / turns per harness (first 20), overall, per family."""
+    by = {}
+    for r in records:
+        by.setdefault(r["harness_id"], []).append(r)
+    print(f"{'harness':<24}{'episodes':>9}{'reward':>8}{'success':>8}{'parse_err':>10}{'turns':>7}")
+    for key, rs in [(k, by[k]) for k in sorted(by)[:20]] + [("all", records)]:
+        mean = {f: sum(float(r[f]) for r in rs) / len(rs) for f in ("reward", "success", "parse_errors", "turns")}
+        print(f"{key:<24}{len(rs):>9}{mean['reward']:>8.3f}{mean['success']:>8.3f}{mean['parse_errors']:>10.2f}"
+              f"{mean['turns']:>7.2f}" + (f"   ({len(by) - 20} more harnesses not shown)" if key == "all" and len(by) > 20 else ""))
+    for field in ("family", "finish_reason"):
+        counts = {}
+        for r in records:
+            counts.setdefault(r[field], []).append(r["success"])
+        print(f"success by {field}: " + "  ".join(f"{k}={sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(counts.items())))
+
+
+def run_stage(args):
+    if args.eval == (args.iteration is not None):
+        raise InputError("give exactly one of --iteration t (train mode) or --eval (eval mode)")
+    for flag in ("group_size", "samples", "max_turns", "max_new_tokens"):
+        if getattr(args, flag) < 1:
+            raise InputError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.temperature < 0 or (args.iteration is not None and args.iteration < 0):
+        raise InputError("--temperature and --iteration must be >= 0")
+    if args.eval and (not args.harnesses or not args.out or not args.policy):
+        raise InputError("eval mode needs --policy, --harnesses SPEC and --out FILE")
+    seed_everything(args.seed)
+    tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
+    tasks = load_tasks(tasks_path)
+    jobs, out = eval_jobs(args, tasks) if args.eval else train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
+    policy = args.policy or str(Path(args.run) / ("init_policy" if not args.iteration else
+                                                  f"iter_{args.iteration - 1:03d}/policy"))
+    backend, tok, positions = None, None, None
+    if policy == "oracle":
+        for task, _, _ in jobs:
+            if not task.get("solution"):
+                raise InputError(f"{tasks_path}: task {task['task_id']!r} has no 'solution'; the oracle needs one")
+        tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    else:
+        if not (Path(policy) / "config.json").is_file():
+            raise InputError(f"{policy}: policy folder not found (no config.json)")
+        tok, positions = load_tokenizer(policy), max_positions(policy)
+        backend = (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args)
+    start = time.perf_counter()
+    records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
+                           args.temperature)
+    wall = time.perf_counter() - start
+    write_atomic(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "vllm") if m in sys.modules}
+    config = {**vars(args), "policy": policy, "tasks": str(tasks_path), "episodes": len(records), "out": str(out),
+              "harness_ids": sorted({r["harness_id"] for r in records}), "wall_seconds": round(wall, 3),
+              "generation_seconds": round(backend.gen_seconds, 3) if backend else None, "versions": versions}
+    config_path = out.parent / "04_rollout_config.json" if not args.eval else out.with_name(out.stem + ".04_rollout_config.json")
+    write_atomic(config_path, json.dumps(config, indent=2))
+    summarize(records)
+    print(f"wrote {out} ({len(records)} episodes, {wall:.1f} s) and {config_path}")
+    return records
+
+
+def main(argv=None):
+    try:
+        run_stage(parse_args(argv))
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

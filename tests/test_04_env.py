@@ -1,0 +1,288 @@
+"""Stage 04: tools, calculator, paths, checkers, parsers, hostile replies, workflow, observations, context."""
+import copy
+import os
+
+import pytest
+from conftest import load_stage
+
+import helpers_04 as H
+
+R = load_stage("04_rollout.py")
+SPACE = H.by_id(H.space_records())
+EXT = {h["harness_id"]: h for h in R.EXTERNAL_HARNESSES}
+TASK = {"task_id": "t", "family": "lookup", "request": "What is the code in river.txt? Submit the number.",
+        "files": {"river.txt": "code: 417\nsize: 23", "stone.txt": "code: 58"},
+        "checker": {"type": "answer_equals", "value": "417"}}
+
+
+def episode(hid, max_turns=6, task=TASK):
+    return R.Episode(copy.deepcopy(task), SPACE.get(hid) or EXT[hid], max_turns, {})
+
+
+# ----------------------------------------------------------------------------- calculator
+@pytest.mark.parametrize("expr,expected", [("126+913+83", 1122), ("10/4", 2.5), ("7//2", 3), ("7 % 4", 3),
+                                           ("2**10", 1024), ("-(3-5)*4", 8), ("1/3", 0.333333), ("0.5*4", 2),
+                                           ("((((12))))", 12), ("-2**2", -4)])
+def test_calculator_values(expr, expected):
+    assert R.calculate(expr) == str(expected)
+
+
+@pytest.mark.parametrize("expr", ["9**9**9", "__import__('os').system('touch pwned')", "open('x')", "(1).__class__",
+                                  "[1]*10**9", "'a'*10", "1e308*10", "10**16", "1/0", "5 % 0", "True+1", "x",
+                                  "lambda: 1", "1 if 1 else 2", "(" * 300 + ")" * 300, "9" * 250, "١+١", "",
+                                  "1e999", "(-8)**0.5", "2**-9999999", "10**400", "1;2", "a=1"])
+def test_calculator_refuses_abuse(expr):
+    with pytest.raises(R.ToolError):
+        R.calculate(expr)
+
+
+# ----------------------------------------------------------------------------- workspace, paths, checkers
+@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "a\\b", "~/x", "a/../../b", "./a", "a//b", "", "   ",
+                                  "riv\x00er.txt", "a\nb", "río.txt", "\u202eevil.txt", "x" * 65, "a b.txt"])
+def test_paths_outside_or_invalid_are_refused(path):
+    ws = R.Workspace({"a.txt": "1"})
+    for tool, args in (("read_file", {"path": path}), ("write_file", {"path": path, "content": "x"})):
+        with pytest.raises(R.ToolError):
+            ws.call(tool, args)
+    assert ws.files == {"a.txt": "1"}
+
+
+def test_tools_outputs():
+    ws = R.Workspace({"river.txt": "code: 417\nthe owl", "apple.txt": "The OWL flew"})
+    assert ws.call("list_files", {}) == "apple.txt\nriver.txt"
+    assert ws.call("read_file", {"path": " river.txt "}) == "code: 417\nthe owl"
+    assert ws.call("search", {"query": "owl"}) == "apple.txt: The OWL flew\nriver.txt: the owl"
+    assert ws.call("search", {"query": "cat"}) == "no matches"
+    assert ws.call("write_file", {"path": "notes/new.txt", "content": "hi"}) == "wrote 2 chars to notes/new.txt"
+    assert ws.files["notes/new.txt"] == "hi"
+    assert ws.call("calculator", {"expression": "2+3"}) == "5"
+    assert ws.call("submit", {"answer": "417"}) == "submitted" and ws.answer == "417"
+    for tool, args in (("read_file", {"path": "nope.txt"}), ("search", {"query": " "}),
+                       ("write_file", {"path": "b.txt", "content": "x" * 5000})):
+        with pytest.raises(R.ToolError):
+            ws.call(tool, args)
+
+
+def test_checkers():
+    files = {"a.txt": "  code: 5\n", "b.txt": "x\ncode: 7\ny"}
+    assert R.score({"type": "answer_equals", "value": "417"}, files, " 417. ") == 1.0
+    assert R.score({"type": "answer_equals", "value": "417"}, files, "417.0") == 1.0
+    assert R.score({"type": "answer_equals", "value": "River.txt"}, files, "river.txt") == 1.0
+    assert R.score({"type": "answer_equals", "value": "417"}, files, "418") == 0.0
+    assert R.score({"type": "answer_equals", "value": "417"}, files, None) == 0.0
+    assert R.score({"type": "file_equals", "path": "a.txt", "value": "code: 5"}, files, None) == 1.0
+    assert R.score({"type": "file_equals", "path": "b.txt", "value": "code: 7"}, files, None) == 0.0
+    assert R.score({"type": "file_contains", "path": "b.txt", "value": "code: 7"}, files, None) == 1.0
+    assert R.score({"type": "file_contains", "path": "zz.txt", "value": ""}, files, None) == 0.0
+    both = {"type": "all", "checks": [{"type": "file_contains", "path": "b.txt", "value": "code: 7"},
+                                      {"type": "answer_equals", "value": "done"}]}
+    assert R.score(both, files, "nope") == 0.5 and R.score(both, files, "Done") == 1.0
+
+
+# ----------------------------------------------------------------------------- parsers (valid calls)
+@pytest.mark.parametrize("hid,reply", [
+    ("S0-T0-O0-C0-W0", '<tool_call>{"name": "write_file", "arguments": {"path": "a.txt", "content": "x: 1"}}</tool_call>'),
+    ("S0-T1-O0-C0-W0", '<invoke name="save">\n<parameter name="file">a.txt</parameter>\n'
+                       '<parameter name="text">\nx: 1\n</parameter>\n</invoke>'),
+    ("S0-T2-O0-C0-W0", 'I will write.\nwrite(filename="a.txt", body="x: 1")'),
+    ("X-shell", "```sh\necho x: 1 > a.txt\n```"),
+    ("X-shell", '```bash\necho "x: 1" > a.txt\n```'),
+    ("X-react", 'Thought: write it\nAction: WriteFile\nAction Input: {"file_path": "a.txt", "text": "x: 1"}\n'),
+])
+def test_each_syntax_parses_a_write(hid, reply):
+    T = (SPACE.get(hid) or EXT[hid])["specs"]["T"]
+    (kind, name, args), = R.parse_reply(T, reply)
+    assert kind == "call"
+    assert R.to_canonical(T, name, args) == ("write_file", {"path": "a.txt", "content": "x: 1"})
+    ep = episode(hid)
+    ep.step(reply)
+    assert ep.ws.files["a.txt"] == "x: 1" and ep.parse_errors == ep.tool_errors == 0
+
+
+def test_python_call_runs_up_to_three_calls_in_order_and_submit_ends():
+    ep = episode("S0-T2-O0-C0-W0")
+    ep.step('cat(filename="river.txt")\ncat(filename="stone.txt")\ncompute(formula="1+1")\nlist_dir()')
+    obs = ep.messages[-1]["content"].split("\n")
+    assert obs == ["code: 417", "size: 23", "code: 58", "2",
+                   "Error: at most 3 calls per reply; the rest were not run"] and ep.parse_errors == 1
+    ep.step('write(filename="x.txt", body="1")\ndone(value="417")\nwrite(filename="y.txt", body="2")')
+    assert ep.finish_reason == "submitted" and ep.reward == 1.0
+    assert "x.txt" in ep.ws.files and "y.txt" not in ep.ws.files
+
+
+def test_react_final_answer_submits():
+    ep = episode("X-react")
+    ep.step("Thought: I know it.\nFinal Answer: 417")
+    assert ep.finish_reason == "submitted" and ep.reward == 1.0 and ep.turns == 1
+
+
+# ----------------------------------------------------------------------------- hostile replies
+HOSTILE = [
+    "", "   \n ", "🦊🦊🦊", "Ω≈ç√∫", "\x00\x01\x02",
+    "<tool_call>{not json}</tool_call>", "<tool_call>[1, 2]</tool_call>", '<tool_call>{"name": 5}</tool_call>',
+    '<tool_call>{"name": "read_file", "arguments": {"path": "river.txt"}}',
+    '<tool_call>{"name": "read_file", "arguments": {"path": "../../etc/passwd"}}</tool_call>',
+    '<tool_call>{"name": "read_file", "arguments": {"path": "/etc/passwd"}}</tool_call>',
+    '<tool_call>{"name": "write_file", "arguments": {"path": "../escape.txt", "content": "x"}}</tool_call>',
+    '<tool_call>{"name": "write_file", "arguments": {"path": "big.txt", "content": "' + "x" * 3000 + '"}}</tool_call>',
+    '<tool_call>{"name": "read_file", "arguments": {"path": "r\\u00edo.txt"}}</tool_call>',
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "9**9**9"}}</tool_call>',
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "__import__(\'os\').system(\'touch pwned\')"}}</tool_call>',
+    '<tool_call>{"name": "__import__", "arguments": {"x": "os"}}</tool_call>',
+    '<tool_call>{"name": "read_file", "arguments": {"path": ["a"]}}</tool_call>',
+    "<tool_call>" + "[" * 5000 + "</tool_call>",
+    "<tool_call>" + "x" * 20000 + "</tool_call>",
+    '<invoke name="open"><parameter name="file">../etc/passwd</parameter></invoke>',
+    '<invoke name="open"><parameter name="file">a.txt</invoke>', '<invoke name="open">', "<invoke>",
+    '<invoke name="open"><parameter name="file">a</parameter><parameter name="file">b</parameter></invoke>',
+    '<invoke name="calc"><parameter name="expr">open("x").read()</parameter></invoke>',
+    'cat(filename="../../etc/passwd")', 'cat(filename=__import__("os").system("touch pwned"))', 'cat("x"',
+    'cat("river.txt")', "cat(**{'filename': 'river.txt'})", 'compute(formula="9**9**9")', "cat(" + "(" * 3000,
+    'write(filename="/tmp/pwned", body="x")',
+    "```sh\ncat /etc/passwd\n```", "```sh\ncat river.txt | sh\n```", "```sh\nrm -rf /\n```",
+    "```sh\necho hi > ../x.txt\n```", "```sh\ncalc __import__('os')\n```", "```sh\ncat $(whoami)\n```", "```sh\nls",
+    "Action: ReadFile\nAction Input: {\"file_path\": \"/etc/passwd\"}", "Action: ReadFile\nAction Input: not json",
+    "Action: ReadFile", "Action: Calculator\nAction Input: {\"input\": \"2**99999\"}",
+    "Final Answer: 1\nAction: ReadFile\nAction Input: {}",
+]
+HOSTILE_HARNESSES = ["S0-T0-O0-C0-W0", "S0-T1-O0-C0-W0", "S0-T2-O0-C0-W0", "X-shell", "X-react"]
+
+
+@pytest.mark.parametrize("hid", HOSTILE_HARNESSES)
+def test_hostile_replies_become_error_observations(hid, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    h = SPACE.get(hid) or EXT[hid]
+    O = h["specs"]["O"]
+    prefix = O["error_template"].split("{")[0]
+    for reply in HOSTILE:
+        if hid == "X-react":
+            reply = "Thought: try\n" + reply
+        ep = episode(hid)
+        ep.step(reply)  # must not raise
+        obs = ep.messages[-1]
+        assert obs["role"] == O["role"] and obs["content"].startswith(prefix), (reply[:80], obs)
+        assert ep.parse_errors + ep.tool_errors + ep.workflow_violations >= 1, reply[:80]
+        assert set(ep.ws.files) == set(TASK["files"]) and ep.finish_reason is None, reply[:80]
+    assert os.listdir(tmp_path) == []  # nothing escaped to the disk
+
+
+def test_turn_budget_ends_the_episode():
+    ep = episode("S0-T0-O0-C0-W0", max_turns=3)
+    for _ in range(3):
+        ep.step("I don't know")
+    assert ep.finish_reason == "turn_budget" and ep.turns == 3 and ep.parse_errors == 3 and ep.reward == 0.0
+    assert [m["role"] for m in ep.messages] == ["system", "user"] + ["assistant", "tool"] * 3
+
+
+# ----------------------------------------------------------------------------- workflow
+def test_w1_plan_first():
+    ep = episode("S0-T0-O0-C0-W1")
+    call = '<tool_call>{"name": "write_file", "arguments": {"path": "a.txt", "content": "1"}}</tool_call>'
+    ep.step(call)
+    assert ep.workflow_violations == 1 and "a.txt" not in ep.ws.files
+    assert ep.messages[-1]["content"] == "Error: your first reply must start with 'Plan:'; nothing was run"
+    ep.step(call)  # the rule is about the first reply only
+    assert ep.workflow_violations == 1 and ep.ws.files["a.txt"] == "1"
+    ep2 = episode("S0-T0-O0-C0-W1")
+    ep2.step("Plan: write, submit.\n" + call)
+    assert ep2.workflow_violations == 0 and ep2.ws.files["a.txt"] == "1"
+
+
+def test_w2_verify_before_submit_and_budget_reminder():
+    ep = episode("S0-T0-O2-C0-W2", max_turns=5)
+    submit = '<tool_call>{"name": "submit", "arguments": {"answer": "417"}}</tool_call>'
+    ep.step(submit)
+    assert ep.finish_reason is None and ep.workflow_violations == 1
+    assert ep.messages[-1] == {"role": "user", "content": "!! workflow failed: submit refused: put a line "
+                               "'Checked: ...' in the reply that submits\n(4 replies left)"}
+    ep.step('<tool_call>{"name": "read_file", "arguments": {"path": "stone.txt"}}</tool_call>')
+    assert ep.messages[-1]["content"] == "[read_file] code: 58\n(3 replies left)"
+    ep.step("Checked: the file says 417\n" + submit)
+    assert ep.finish_reason == "submitted" and ep.reward == 1.0 and ep.workflow_violations == 1
+
+
+def test_react_requires_a_thought_line():
+    ep = episode("X-react")
+    ep.step('Action: ReadFile\nAction Input: {"file_path": "river.txt"}')
+    assert ep.workflow_violations == 1 and ep.messages[-1]["content"].startswith("Observation: ERROR (workflow)")
+
+
+# ----------------------------------------------------------------------------- observations
+def test_o1_envelope_with_line_numbers():
+    ep = episode("S0-T1-O1-C0-W0")
+    ep.step('<invoke name="open"><parameter name="file">river.txt</parameter></invoke>')
+    assert ep.messages[-1] == {"role": "tool", "content": '<result tool="open">\n1: code: 417\n2: size: 23\n</result>'}
+    ep.step('<invoke name="open"><parameter name="file">nope.txt</parameter></invoke>')
+    assert ep.messages[-1]["content"] == '<result tool="open" status="error">no such file: nope.txt</result>'
+
+
+def test_o2_truncates_with_marker_and_sends_as_user():
+    task = dict(TASK, files={"long.txt": "ab" * 175})
+    ep = episode("S0-T2-O2-C0-W0", task=task)
+    ep.step('cat(filename="long.txt")')
+    assert ep.messages[-1] == {"role": "user", "content": "[cat] " + "ab" * 150 + "...[truncated 50 chars]"}
+
+
+# ----------------------------------------------------------------------------- context management
+def conv(n):
+    """Hand-built conversation: system, task, then n (assistant, observation) exchanges."""
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
+    for i in range(1, n + 1):
+        msgs += [{"role": "assistant", "content": f"a{i}"}, {"role": "tool", "content": f"o{i}"}]
+    return msgs
+
+
+def test_window_keeps_head_and_last_two_exchanges():
+    C = SPACE["S0-T0-O0-C1-W0"]["specs"]["C"]
+    expected = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+                {"role": "assistant", "content": "a3"}, {"role": "tool", "content": "o3"},
+                {"role": "assistant", "content": "a4"}, {"role": "tool", "content": "o4"}]
+    assert R.manage_context(C, conv(4), 2) == expected
+    assert R.manage_context(C, conv(1), 2) == conv(1)
+    assert R.manage_context(C, conv(0), 2) == conv(0)
+
+
+def test_elide_replaces_all_but_the_last_observation():
+    C = SPACE["S0-T0-O0-C2-W0"]["specs"]["C"]
+    E = "[output elided]"
+    expected = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+                {"role": "assistant", "content": "a1"}, {"role": "tool", "content": E},
+                {"role": "assistant", "content": "a2"}, {"role": "tool", "content": E},
+                {"role": "assistant", "content": "a3"}, {"role": "tool", "content": "o3"}]
+    assert R.manage_context(C, conv(3), 2) == expected
+    assert R.manage_context(C, conv(1), 2) == conv(1)
+
+
+def test_full_history_and_user_placement_head():
+    assert R.manage_context(SPACE["S0-T0-O0-C0-W0"]["specs"]["C"], conv(3), 2) == conv(3)
+    ep = episode("X-react")  # no system message: the head is the single first user message
+    assert [m["role"] for m in ep.messages] == ["user"] and ep.messages[0]["content"].endswith(
+        "\n\nQuestion: " + TASK["request"])
+    for i in range(4):
+        ep.step(f'Thought: {i}\nAction: ListFiles\nAction Input: {{}}')
+    ctx = ep.context()  # X-react elides all but the last 2 observations
+    assert [m["content"] for m in ctx[1:]] == [f"Thought: 0\nAction: ListFiles\nAction Input: {{}}",
+                                              "Observation: (hidden)",
+                                              f"Thought: 1\nAction: ListFiles\nAction Input: {{}}",
+                                              "Observation: (hidden)",
+                                              f"Thought: 2\nAction: ListFiles\nAction Input: {{}}",
+                                              "Observation: river.txt\nstone.txt",
+                                              f"Thought: 3\nAction: ListFiles\nAction Input: {{}}",
+                                              "Observation: river.txt\nstone.txt"]
+    assert ctx[0] == ep.messages[0]
+
+
+def test_system_prompt_rendering_of_the_base_harness():
+    """The base harness's system text, written out by hand from the contract's S0 template."""
+    ep = episode("S0-T0-O0-C0-W0")
+    assert ep.messages[0] == {"role": "system", "content": (
+        "You are an agent in a small file workspace. Solve the user's task with the tools.\n"
+        "- list_files(): list all files\n- read_file(path): show a file\n- search(query): show lines that contain it\n"
+        "- write_file(path, content): replace a file's text\n- calculator(expression): do arithmetic\n"
+        "- submit(answer): give the final answer\nCall format (at most 1 per reply):\n"
+        '<tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>\n'
+        "When you know the answer, call submit.")}
+    assert ep.messages[1] == {"role": "user", "content": TASK["request"]}
+    s1 = episode("S1-T0-O0-C0-W1", max_turns=5).messages[0]["content"]
+    assert s1.startswith("Rules: finish with submit; at most 5 replies.\n"
+                         "Start your first reply with a line 'Plan: ...'.\nTools:\n- list_files(): ")
