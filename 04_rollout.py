@@ -158,14 +158,12 @@ def write_atomic(path, text):
 
 
 def seed_everything(seed):
+    """random, numpy, torch (CPU and CUDA); vLLM gets the seed in LLM(seed=...) and per request."""
     random.seed(seed)
-    try:
-        import numpy as np
-        np.random.seed(seed)
-        import torch
-        torch.manual_seed(seed)  # also seeds every CUDA device
-    except ImportError:
-        pass
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed)
+    if "torch" in sys.modules:  # imported only for a checkpoint policy, so the oracle stays fast
+        sys.modules["torch"].manual_seed(seed)
 
 
 def fill(template, **values):
@@ -931,7 +929,6 @@ def run_stage(args):
         raise InputError("--temperature and --iteration must be >= 0")
     if args.eval and (not args.harnesses or not args.out or not args.policy):
         raise InputError("eval mode needs --policy, --harnesses SPEC and --out FILE")
-    seed_everything(args.seed)
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
     jobs, out = eval_jobs(args, tasks) if args.eval else train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
@@ -948,6 +945,7 @@ def run_stage(args):
             raise InputError(f"{policy}: policy folder not found (no config.json)")
         tok, positions = load_tokenizer(policy), max_positions(policy)
         backend = (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args)
+    seed_everything(args.seed)
     start = time.perf_counter()
     records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
                            args.temperature)

@@ -1,0 +1,115 @@
+"""Stage 04's vLLM backend, driven by a fake `vllm` module (vLLM cannot run here): the documented calls
+LLM(model=..., seed=..., generation_config="vllm", logprobs_mode="processed_logprobs"),
+LLM.generate([{"prompt_token_ids": ids}, ...], [SamplingParams(...), ...], use_tqdm=False), and the
+conversion of RequestOutput.outputs[0].token_ids / .logprobs ([{token_id: Logprob(logprob=...)}, ...])."""
+import argparse
+import json
+import sys
+import types
+
+import pytest
+from conftest import load_stage
+
+import helpers_04 as H
+
+R = load_stage("04_rollout.py")
+
+
+class Fake:
+    """Records every call; `reply(i, params)` gives the token ids the fake engine 'generates' for prompt i."""
+
+    def __init__(self, reply):
+        self.reply, self.llm_kwargs, self.calls = reply, None, []
+        fake = self
+
+        class SamplingParams:
+            def __init__(self, **kwargs):
+                self.kwargs = kwargs
+
+        class LLM:
+            def __init__(self, **kwargs):
+                fake.llm_kwargs = kwargs
+
+            def generate(self, prompts, sampling_params=None, *, use_tqdm=True):
+                fake.calls.append((prompts, sampling_params, use_tqdm))
+                outputs = []
+                for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+                    ids = fake.reply(i, params.kwargs)[:params.kwargs["max_tokens"]]
+                    lps = None if params.kwargs["logprobs"] is None else [
+                        {t: types.SimpleNamespace(logprob=-0.5 - j, rank=1), 7: types.SimpleNamespace(logprob=-9.0)}
+                        for j, t in enumerate(ids)]
+                    completion = types.SimpleNamespace(token_ids=tuple(ids), logprobs=lps, text="ignored")
+                    outputs.append(types.SimpleNamespace(prompt_token_ids=prompt["prompt_token_ids"],
+                                                         outputs=[completion]))
+                return outputs
+
+        self.module = types.ModuleType("vllm")
+        self.module.LLM, self.module.SamplingParams, self.module.__version__ = LLM, SamplingParams, "0.10.2"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return H.build_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    return R.load_tokenizer(tiny)
+
+
+def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
+    stop = tok.stop_ids[0]
+    fake = Fake(lambda i, p: [10, 11, stop, 12] if i == 0 else [13] * 50)
+    monkeypatch.setitem(sys.modules, "vllm", fake.module)
+    args = argparse.Namespace(temperature=0.8, max_new_tokens=6, seed=3)
+    backend = R.VLLMBackend(tiny, tok, args)
+    assert fake.llm_kwargs == {"model": str(tiny), "seed": 3, "generation_config": "vllm",
+                               "logprobs_mode": "processed_logprobs"}
+    results = backend.generate([[1, 2, 3], [4, 5], [4, 5]], turn=2)
+    (prompts, params, use_tqdm), = fake.calls
+    assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}, {"prompt_token_ids": [4, 5]}]
+    assert use_tqdm is False and len(params) == 3
+    for p in params:
+        assert set(p.kwargs) == {"temperature", "max_tokens", "seed", "stop_token_ids", "logprobs"}
+        assert p.kwargs["temperature"] == 0.8 and p.kwargs["max_tokens"] == 6 and p.kwargs["logprobs"] == 0
+        assert p.kwargs["stop_token_ids"] == tok.stop_ids and 0 <= p.kwargs["seed"] < 2 ** 31
+    assert len({p.kwargs["seed"] for p in params}) == 3  # identical prompts of a group must not share a seed
+    assert results[0] == ([10, 11, stop], [-0.5, -1.5, -2.5])  # truncated after the stop token, kept
+    assert results[1] == ([13] * 6, [-0.5 - j for j in range(6)])  # hit max_tokens
+    seeds_turn2 = [p.kwargs["seed"] for p in params]
+    backend.generate([[1, 2, 3]], turn=3)
+    assert fake.calls[-1][1][0].kwargs["seed"] != seeds_turn2[0]  # a new seed each round
+
+    greedy = R.VLLMBackend(tiny, tok, argparse.Namespace(temperature=0.0, max_new_tokens=6, seed=3))
+    assert greedy.generate([[1, 2]], 0) == [([10, 11, stop], None)] and fake.calls[-1][1][0].kwargs["logprobs"] is None
+
+
+def test_vllm_backend_through_the_command_line(monkeypatch, tmp_path, tiny, tok):
+    """Eval mode with --backend vllm: lockstep calls, records built from the fake engine's tokens."""
+    submit = tok.encode('<tool_call>{"name": "submit", "arguments": {"answer": "7"}}</tool_call>') + [tok.stop_ids[0]]
+    read = tok.encode('<tool_call>{"name": "list_files", "arguments": {}}</tool_call>') + [tok.stop_ids[0]]
+    fake = Fake(lambda i, p: read if len(fake.calls) == 1 else submit)
+    monkeypatch.setitem(sys.modules, "vllm", fake.module)
+    tasks = [t for t in H.read_tasks() if t["family"] == "count"][:3]
+    H.write_jsonl(tmp_path / "tasks.jsonl", tasks)
+    out = tmp_path / "o.jsonl"
+    H.make_run(tmp_path, set(), {})
+    R.main(["--run", str(tmp_path), "--eval", "--backend", "vllm", "--policy", str(tiny), "--harnesses",
+            "S0-T0-O0-C0-W0,S1-T0-O1-C0-W0", "--tasks",
+            str(tmp_path / "tasks.jsonl"), "--samples", "2", "--out", str(out), "--max-new-tokens", "64"])
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [len(c[0]) for c in fake.calls] == [12, 12]  # one call per turn, all live episodes in it
+    for r in records:
+        assert r["turns"] == 2 and r["finish_reason"] == "submitted" and r["submitted_answer"] == "7"
+        assert [mt["completion_ids"] for mt in r["model_turns"]] == [read, submit]
+        assert all(len(mt["logprobs"]) == len(mt["completion_ids"]) for mt in r["model_turns"])
+        assert r["model_turns"][1]["prompt_ids"][:len(r["model_turns"][0]["prompt_ids"])] == \
+            r["model_turns"][0]["prompt_ids"]  # full history: turn 1's prompt extends turn 0's
+    config = json.loads((tmp_path / "o.04_rollout_config.json").read_text())
+    assert config["versions"]["vllm"] == "0.10.2" and config["backend"] == "vllm"
+
+
+def test_vllm_missing_is_a_clear_error(monkeypatch, tiny, tok):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    with pytest.raises(R.InputError, match="vllm is not installed"):
+        R.VLLMBackend(tiny, tok, argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=0))
