@@ -1,0 +1,554 @@
+"""Stage 05: one policy update from one iteration's rollouts (GRPO / PPO / SFT), plain PyTorch.
+
+The paper's objective (multi-harness policy optimisation), maximised over the update batch B:
+
+    L(theta) = 1/N_B * sum_{(x,h,tau) in B} sum_t M_t * min(rho_t A_t, clip(rho_t, 1-eps, 1+eps) A_t)
+
+N_B = number of policy-generated tokens in the whole minibatch of one optimizer step (counted
+before it is split into micro-batches, so --micro-batch-size never changes the update), M_t = 1 only
+on generated (completion) tokens, rho_t = pi_theta / pi_old with pi_old recomputed here, before the
+update, at the sampling temperature. Each stored model turn is one sequence prompt + completion;
+turns whose prompt extends the previous prompt + completion are merged (same loss, fewer tokens).
+
+    python 05_train.py --init-tiny --out runs/toy/tiny --corpus demos_text.jsonl data/train_tasks.jsonl
+    python 05_train.py --algo sft --policy runs/toy/tiny --rollouts demos.jsonl --out runs/toy/init_policy \
+        --epochs 6 --lr 3e-3
+    python 05_train.py --run runs/toy --iteration 0 --algo grpo --lr 3e-4
+    python 05_train.py --run runs/toy --iteration 1 --algo ppo --ppo-epochs 2 --minibatches 4 --kl-coef 0.05
+
+Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO) and, beside it,
+train_log.jsonl (one row per optimizer step) and 05_train_config.json. Defaults with --run DIR
+--iteration t: rollouts DIR/iter_{t:03d}/rollouts.jsonl, policy DIR/init_policy (t = 0) or
+DIR/iter_{t-1:03d}/policy, out DIR/iter_{t:03d}/policy.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    g = p.add_argument_group("inputs and outputs")
+    g.add_argument("--run", default="runs/default", help="run folder")
+    g.add_argument("--iteration", type=int, help="RL iteration t (sets the default paths)")
+    g.add_argument("--policy", help="policy checkpoint folder (default: see module docstring)")
+    g.add_argument("--rollouts", help="rollouts.jsonl (default DIR/iter_{t:03d}/rollouts.jsonl)")
+    g.add_argument("--out", help="output checkpoint folder (default DIR/iter_{t:03d}/policy)")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("algorithm")
+    g.add_argument("--algo", choices=["grpo", "ppo", "sft"], default="grpo")
+    g.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (toy: 3e-4 RL, 3e-3 SFT)")
+    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (total L2 norm)")
+    g.add_argument("--clip-eps", type=float, default=0.2, help="epsilon of clip(rho, 1-eps, 1+eps)")
+    g.add_argument("--kl-coef", type=float, default=0.0, help="weight of the k3 KL to the reference policy")
+    g.add_argument("--ref-policy", help="reference policy for the KL (default DIR/init_policy if it exists, "
+                   "else the loaded policy)")
+    g.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus weight")
+    g.add_argument("--no-std", action="store_true", help="GRPO: A = r - mean (no division by the group std)")
+    g.add_argument("--adv-eps", type=float, default=1e-6, help="GRPO: A = (r - mean) / (std + eps)")
+    g.add_argument("--gamma", type=float, default=1.0, help="PPO: discount over generated tokens")
+    g.add_argument("--lam", type=float, default=0.95, help="PPO: GAE lambda")
+    g.add_argument("--vf-coef", type=float, default=0.5, help="PPO: value-loss weight")
+    g.add_argument("--vf-clip", type=float, default=0.2, help="PPO: value clipping range around the old value")
+    g.add_argument("--no-norm-adv", action="store_true", help="PPO: do not whiten the GAE advantages")
+    g = p.add_argument_group("batching")
+    g.add_argument("--ppo-epochs", type=int, default=2, help="RL: passes over the rollout batch")
+    g.add_argument("--epochs", type=int, default=1, help="SFT: passes over the demonstrations")
+    g.add_argument("--minibatches", type=int, help="optimizer steps per pass (RL default 2)")
+    g.add_argument("--minibatch-size", type=int, help="sequences per optimizer step (SFT default 32)")
+    g.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward (accumulation)")
+    g.add_argument("--no-merge-turns", action="store_true", help="one sequence per model turn, never merged")
+    g = p.add_argument_group("tiny model (--init-tiny)")
+    g.add_argument("--init-tiny", action="store_true", help="build the toy tokenizer + tiny Llama into --out")
+    g.add_argument("--corpus", nargs="+", default=[], help="JSONL files whose strings train the tokenizer")
+    g.add_argument("--vocab-size", type=int, default=2048)
+    g.add_argument("--tiny-layers", type=int, default=2)
+    g.add_argument("--tiny-dim", type=int, default=128)
+    g.add_argument("--tiny-heads", type=int, default=4)
+    g.add_argument("--tiny-max-len", type=int, default=1024, help="max_position_embeddings")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------- small helpers
+def fail(msg):
+    """Bad input: one line on stderr, exit status 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def seed_everything(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def read_jsonl(path):
+    """[(line_number, record)]; a malformed line stops with the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found")
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append((i, json.loads(line)))
+            except json.JSONDecodeError as e:
+                fail(f"{path} line {i}: malformed JSON ({e.msg})")
+    return rows
+
+
+def write_atomic(path, text):
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def check_policy_dir(path, what="policy"):
+    if not (Path(path) / "config.json").is_file():
+        fail(f"{what} folder {path} not found (expected a save_pretrained folder with config.json)")
+
+
+# ------------------------------------------------------------------------------------- tiny model
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+# Pre-tokenizer: letters, digits, whitespace and punctuation runs are split apart, so a word or a
+# number is the same token wherever it stands ("417" in a file, after a quote, after a space):
+# copying an entity is then copying one token.
+PRETOKEN = r"[A-Za-z]+|[0-9]+|\s+|[^A-Za-z0-9\s]+"
+
+
+def collect_strings(obj, out):
+    if isinstance(obj, str):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            collect_strings(k, out)
+            collect_strings(v, out)
+    elif isinstance(obj, list):
+        for v in obj:
+            collect_strings(v, out)
+
+
+def init_tiny(args):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    if not args.out or not args.corpus:
+        fail("--init-tiny needs --out DIR and --corpus FILE [FILE ...]")
+    if args.tiny_dim % args.tiny_heads or min(args.tiny_layers, args.tiny_dim, args.vocab_size) < 1:
+        fail(f"--tiny-dim {args.tiny_dim} must be a positive multiple of --tiny-heads {args.tiny_heads}")
+    texts = ["system", "user", "assistant", "tool"]
+    for f in args.corpus:
+        for _, rec in read_jsonl(f):
+            collect_strings(rec, texts)
+    if len(texts) == 4:
+        fail(f"corpus {' '.join(args.corpus)}: no strings found")
+    seed_everything(args.seed)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKEN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=args.vocab_size, special_tokens=SPECIALS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                  additional_special_tokens=["<|im_start|>"], chat_template=CHAT_TEMPLATE,
+                                  model_max_length=args.tiny_max_len)
+    eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=args.tiny_dim, intermediate_size=4 * args.tiny_dim,
+                      num_hidden_layers=args.tiny_layers, num_attention_heads=args.tiny_heads,
+                      num_key_value_heads=args.tiny_heads, max_position_embeddings=args.tiny_max_len,
+                      tie_word_embeddings=True, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
+    model = LlamaForCausalLM(cfg)
+    model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=pad, bos_token_id=pad)
+    out, tmp = Path(args.out), Path(str(args.out) + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    # how many distinct words / numbers of the corpus became single tokens (entities should)
+    words = {w for t in texts for w in re.findall(r"[A-Za-z]+|[0-9]+", t)}
+    single = sum(len(bpe.encode(w).ids) == 1 for w in words)
+    summary = dict(vocab=len(tok), params=sum(p.numel() for p in model.parameters()), strings=len(texts),
+                   single_token_words=f"{single}/{len(words)}")
+    write_atomic(tmp / "05_train_config.json", json.dumps({"args": vars(args), **summary}, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    print(f"[05] tiny model -> {out}: {summary}")
+    return summary
+
+
+# ---------------------------------------------------------------------------------- rollouts -> data
+def load_episodes(path, algo, vocab):
+    """Validated episodes: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}]."""
+    rows = read_jsonl(path)
+    if not rows:
+        fail(f"{path}: empty rollout file (no episodes)")
+    eps = []
+    for ln, r in rows:
+        where = f"{path} line {ln}"
+        if not isinstance(r, dict) or not isinstance(r.get("model_turns"), list):
+            fail(f"{where}: field 'model_turns' missing or not a list")
+        need = {"grpo": ["reward", "group_id"], "ppo": ["reward"], "sft": []}[algo]
+        for k in need:
+            if k not in r:
+                fail(f"{where}: field '{k}' missing (needed by --algo {algo})")
+        if algo != "sft" and not isinstance(r["reward"], (int, float)):
+            fail(f"{where}: field 'reward' is not a number")
+        turns = []
+        for i, t in enumerate(r["model_turns"]):
+            for k in ("prompt_ids", "completion_ids"):
+                ids = t.get(k) if isinstance(t, dict) else None
+                if not isinstance(ids, list) or not all(isinstance(x, int) for x in ids):
+                    fail(f"{where}: model_turns[{i}].{k} missing or not a list of ints")
+                bad = [x for x in ids if x < 0 or x >= vocab]
+                if bad:
+                    fail(f"{where}: model_turns[{i}].{k} has token id {bad[0]} outside the policy's "
+                         f"vocabulary (size {vocab})")
+            lp = t.get("logprobs")
+            if lp is not None and (not isinstance(lp, list) or len(lp) != len(t["completion_ids"])):
+                fail(f"{where}: model_turns[{i}].logprobs must be null or one number per completion token")
+            if not t["prompt_ids"]:
+                fail(f"{where}: model_turns[{i}].prompt_ids is empty")
+            turns.append((t["prompt_ids"], t["completion_ids"], lp))
+        temp = r.get("temperature") or 1.0  # greedy (0) or missing: train at T = 1
+        eps.append(dict(turns=turns, reward=float(r.get("reward", 0.0)), group=r.get("group_id"),
+                        temp=float(temp), line=ln))
+    if not any(c for e in eps for _, c, _ in e["turns"]):
+        fail(f"{path}: no model turn with completion tokens (oracle rollouts need 04 --tokenizer)")
+    return eps
+
+
+def build_sequences(episodes, merge=True):
+    """Each model turn -> one sequence ids = prompt + completion with mask 1 on the completion.
+    If a turn's prompt starts with the previous sequence (full history), that sequence is extended
+    instead: the earlier completion keeps the same prefix, hence the same log-probs and loss."""
+    seqs = []
+    for e_idx, ep in enumerate(episodes):
+        cur = None
+        for prompt, comp, lp in ep["turns"]:
+            lp = lp if lp is not None else [float("nan")] * len(comp)
+            if merge and cur is not None and prompt[:len(cur["ids"])] == cur["ids"]:
+                extra = len(prompt) - len(cur["ids"])
+                cur["ids"] = prompt + comp
+                cur["mask"] += [0] * extra + [1] * len(comp)
+                cur["stored_logp"] += lp
+                continue
+            if cur is not None and sum(cur["mask"]):
+                seqs.append(cur)
+            cur = dict(ids=prompt + comp, mask=[0] * len(prompt) + [1] * len(comp), ep=e_idx,
+                       temp=ep["temp"], stored_logp=list(lp))
+        if cur is not None and sum(cur["mask"]):
+            seqs.append(cur)
+    for s in seqs:
+        s["n"] = sum(s["mask"])
+        s["stored_logp"] = torch.tensor(s["stored_logp"], dtype=torch.float32)
+    return seqs
+
+
+def grpo_advantages(rewards, groups, use_std=True, eps=1e-6):
+    """GRPO: A_i = (r_i - mean_g r) / (std_g r + eps) within the group g of sample i (population std)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    adv, zero_var = np.zeros_like(r), 0
+    for g in dict.fromkeys(groups):
+        idx = np.array([i for i, gi in enumerate(groups) if gi == g])
+        centred = r[idx] - r[idx].mean()
+        adv[idx] = centred / (r[idx].std() + eps) if use_std else centred
+        zero_var += bool(np.all(r[idx] == r[idx][0]))
+    return adv, zero_var / max(1, len(dict.fromkeys(groups)))
+
+
+def gae(rewards, values, gamma, lam):
+    """GAE over one episode's generated tokens in order:
+    delta_t = r_t + gamma V_{t+1} - V_t (V after the last token = 0), A_t = delta_t + gamma lam A_{t+1}."""
+    adv, last = torch.zeros_like(values), 0.0
+    for t in reversed(range(len(values))):
+        next_v = values[t + 1] if t + 1 < len(values) else 0.0
+        last = rewards[t] + gamma * next_v - values[t] + gamma * lam * last
+        adv[t] = last
+    return adv, adv + values  # advantages, returns
+
+
+def collate(seqs, pad_id, device):
+    """Right-padded batch. `sel` marks the positions whose *next* token is a completion token: the
+    logits there predict y_t, so sel is the mask M_t shifted by one."""
+    L = max(len(s["ids"]) for s in seqs)
+    inp = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
+    attn = torch.zeros((len(seqs), L), dtype=torch.long)  # [B, L]
+    sel = torch.zeros((len(seqs), L), dtype=torch.bool)  # [B, L]
+    for b, s in enumerate(seqs):
+        inp[b, :len(s["ids"])] = torch.tensor(s["ids"])
+        attn[b, :len(s["ids"])] = 1
+        sel[b, :len(s["ids"]) - 1] = torch.tensor(s["mask"][1:], dtype=torch.bool)
+    tgt = inp[:, 1:][sel[:, :-1]]  # [N] the generated tokens y_t, row-major order
+    temp = torch.cat([torch.full((s["n"],), s["temp"]) for s in seqs])  # [N]
+    batch = dict(inp=inp.to(device), attn=attn.to(device), sel=sel.to(device), tgt=tgt.to(device),
+                 temp=temp.to(device), tokens=int(attn.sum()))
+    for k in ("old_logp", "ref_logp", "old_v", "adv", "ret"):
+        if k in seqs[0]:
+            batch[k] = torch.cat([s[k] for s in seqs]).to(device)  # [N]
+    return batch
+
+
+def forward(model, vhead, batch, amp):
+    """Log-probs (at temperature), entropies and values of the generated tokens only. The LM head
+    runs on the selected hidden states, not on every position (prompts are most of the tokens)."""
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        h = model.base_model(input_ids=batch["inp"], attention_mask=batch["attn"]).last_hidden_state  # [B, L, H]
+        h = h[batch["sel"]]  # [N, H]
+        logits = model.get_output_embeddings()(h)  # [N, V]
+    logits = logits.float() / batch["temp"][:, None]  # [N, V] pi(.|s) at the sampling temperature
+    logp_all = torch.log_softmax(logits, dim=-1)  # [N, V]
+    logp = logp_all.gather(1, batch["tgt"][:, None]).squeeze(1)  # [N]
+    ent = -(logp_all.exp() * logp_all).sum(-1)  # [N]
+    v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
+    return logp, ent, v
+
+
+def policy_loss(logp, old_logp, adv, clip_eps, n_b):
+    """-L(theta) summed over the given tokens (M_t = 1 on them) and divided by the minibatch's N_B."""
+    # rho_t = pi_theta(y_t | s_t) / pi_old(y_t | s_t)
+    ratio = torch.exp(logp - old_logp)  # [N]
+    # L = 1/N_B sum_t M_t min(rho_t A_t, clip(rho_t, 1-eps, 1+eps) A_t); the optimizer minimises -L
+    surr = torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)  # [N]
+    return -surr.sum() / n_b, ratio
+
+
+def accumulate(model, vhead, seqs, args, pad_id, device, amp):
+    """Forward/backward one minibatch in micro-batches; gradients add up to d(loss)/d(theta) of the
+    whole minibatch because every micro-batch divides by the minibatch's N_B, not its own."""
+    n_b = sum(s["n"] for s in seqs)  # N_B: generated tokens of the whole minibatch
+    keys = ("loss", "pg_loss", "value_loss", "kl", "clip_frac", "approx_kl", "entropy")
+    m = dict.fromkeys(keys, 0.0) | dict(tokens=n_b, seq_tokens=0)
+    seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # less padding; the sum does not depend on order
+    for i in range(0, len(seqs), args.micro_batch_size):
+        b = collate(seqs[i:i + args.micro_batch_size], pad_id, device)
+        logp, ent, v = forward(model, vhead, b, amp)
+        if args.algo == "sft":
+            # SFT: -1/N_B sum_t M_t log pi_theta(y_t | s_t)
+            pg = -logp.sum() / n_b
+            loss, ratio = pg, torch.ones_like(logp)
+        else:
+            pg, ratio = policy_loss(logp, b["old_logp"], b["adv"], args.clip_eps, n_b)
+            loss = pg
+            if args.kl_coef:
+                # k3 estimator of KL(pi_theta || pi_ref): exp(ref - logp) - (ref - logp) - 1
+                d = b["ref_logp"] - logp  # [N]
+                kl = (torch.exp(d) - d - 1).sum() / n_b
+                loss = loss + args.kl_coef * kl
+                m["kl"] += kl.item()
+            if v is not None:
+                # clipped value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)
+                v_clip = b["old_v"] + (v - b["old_v"]).clamp(-args.vf_clip, args.vf_clip)  # [N]
+                vl = 0.5 * torch.max((v - b["ret"]) ** 2, (v_clip - b["ret"]) ** 2).sum() / n_b
+                loss = loss + args.vf_coef * vl
+                m["value_loss"] += vl.item()
+        if args.ent_coef:
+            loss = loss - args.ent_coef * ent.sum() / n_b
+        loss.backward()
+        with torch.no_grad():
+            lr = torch.log(ratio)
+            m["loss"] += loss.item()
+            m["pg_loss"] += pg.item()
+            m["clip_frac"] += ((ratio - 1).abs() > args.clip_eps).sum().item() / n_b
+            m["approx_kl"] += ((ratio - 1) - lr).sum().item() / n_b  # k3 of KL(old || new)
+            m["entropy"] += ent.sum().item() / n_b
+            m["seq_tokens"] += b["tokens"]
+    return m
+
+
+@torch.no_grad()
+def score(model, vhead, seqs, pad_id, device, amp, bs, out_key, desc):
+    """Per-sequence log-probs (and values) of the generated tokens with the current weights."""
+    model.eval()
+    for i in tqdm(range(0, len(seqs), bs), desc=desc, leave=False, disable=len(seqs) <= 4 * bs):
+        chunk = seqs[i:i + bs]
+        logp, _, v = forward(model, vhead, collate(chunk, pad_id, device), amp)
+        for s, lp, vv in zip(chunk, logp.split([s["n"] for s in chunk]),
+                             (v.split([s["n"] for s in chunk]) if v is not None else [None] * len(chunk))):
+            s[out_key] = lp.float().cpu()
+            if vv is not None:
+                s["old_v"] = vv.float().cpu()
+    model.train()
+
+
+# -------------------------------------------------------------------------------------------- main
+def resolve_paths(args):
+    run, t = Path(args.run), args.iteration
+    if t is None and not (args.policy and args.rollouts and args.out):
+        fail("give --iteration t (with --run DIR) or all of --policy, --rollouts and --out")
+    if t is not None and t < 0:
+        fail(f"--iteration must be >= 0, got {t}")
+    it = lambda k: run / f"iter_{k:03d}"
+    policy = Path(args.policy) if args.policy else (run / "init_policy" if t == 0 else it(t - 1) / "policy")
+    rollouts = Path(args.rollouts) if args.rollouts else it(t) / "rollouts.jsonl"
+    out = Path(args.out) if args.out else it(t) / "policy"
+    ref = Path(args.ref_policy) if args.ref_policy else (run / "init_policy" if (run / "init_policy").exists()
+                                                         else policy)
+    return policy, rollouts, out, ref
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.init_tiny:
+        return init_tiny(args)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    for k in ("ppo_epochs", "epochs", "micro_batch_size", "minibatches", "minibatch_size"):
+        if getattr(args, k) is not None and getattr(args, k) < 1:
+            fail(f"--{k.replace('_', '-')} must be >= 1")
+    if args.lr <= 0 or not 0 < args.clip_eps < 1:
+        fail("--lr must be > 0 and --clip-eps in (0, 1)")
+    policy, rollouts, out, ref = resolve_paths(args)
+    check_policy_dir(policy)
+    if not rollouts.is_file():
+        fail(f"rollouts file {rollouts} not found")
+    vocab = AutoConfig.from_pretrained(policy).vocab_size
+    episodes = load_episodes(rollouts, args.algo, vocab)
+    use_kl = args.algo != "sft" and args.kl_coef > 0
+    if use_kl:
+        check_policy_dir(ref, "reference policy")
+
+    # ---- seeding: python, numpy, torch (CPU + CUDA); the minibatch shuffles use their own generator
+    seed_everything(args.seed)
+    shuffle_gen = torch.Generator().manual_seed(args.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    amp = device == "cuda"  # bf16 autocast + gradient checkpointing on GPU, plain fp32 on CPU
+
+    tok = AutoTokenizer.from_pretrained(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).to(device)
+    model.config.use_cache = False
+    if amp:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    vhead = None
+    if args.algo == "ppo":
+        vhead = torch.nn.Linear(model.config.hidden_size, 1).to(device)
+        torch.nn.init.zeros_(vhead.weight)
+        torch.nn.init.zeros_(vhead.bias)
+        if (policy / "value_head.pt").is_file():
+            vhead.load_state_dict(torch.load(policy / "value_head.pt", map_location=device))
+
+    seqs = build_sequences(episodes, merge=not args.no_merge_turns)
+    rewards = [e["reward"] for e in episodes]
+    info = dict(episodes=len(episodes), sequences=len(seqs), turns=sum(len(e["turns"]) for e in episodes),
+                gen_tokens=sum(s["n"] for s in seqs), reward_mean=float(np.mean(rewards)))
+    t0 = time.time()
+    if args.algo != "sft":
+        # pi_old: recomputed with the rollout's weights (this policy) at each episode's temperature
+        score(model, vhead, seqs, pad_id, device, amp, args.micro_batch_size, "old_logp", "old log-probs")
+        stored = torch.cat([s["stored_logp"] for s in seqs])
+        recomp = torch.cat([s["old_logp"] for s in seqs])
+        have = ~torch.isnan(stored)
+        info["logprob_mismatch"] = float((stored[have] - recomp[have]).abs().mean()) if have.any() else None
+        if use_kl and ref.resolve() != policy.resolve():
+            ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32).to(device)
+            score(ref_model, None, seqs, pad_id, device, amp, args.micro_batch_size, "ref_logp", "ref log-probs")
+            del ref_model
+        elif use_kl:
+            for s in seqs:
+                s["ref_logp"] = s["old_logp"].clone()
+    if args.algo == "grpo":
+        adv, info["zero_var_group_share"] = grpo_advantages(rewards, [e["group"] for e in episodes],
+                                                            not args.no_std, args.adv_eps)
+        for s in seqs:  # every generated token of an episode shares its advantage
+            s["adv"] = torch.full((s["n"],), float(adv[s["ep"]]))
+    elif args.algo == "ppo":
+        by_ep = {}
+        for s in seqs:
+            by_ep.setdefault(s["ep"], []).append(s)
+        for e_idx, ep_seqs in by_ep.items():  # GAE over the episode's generated tokens, turn by turn
+            values = torch.cat([s["old_v"] for s in ep_seqs])  # [T_ep]
+            r = torch.zeros_like(values)
+            r[-1] = episodes[e_idx]["reward"]  # terminal reward on the last generated token
+            a, ret = gae(r, values, args.gamma, args.lam)
+            for s, a_s, r_s in zip(ep_seqs, a.split([s["n"] for s in ep_seqs]), ret.split([s["n"] for s in ep_seqs])):
+                s["adv"], s["ret"] = a_s, r_s
+        if not args.no_norm_adv:
+            all_a = torch.cat([s["adv"] for s in seqs])
+            for s in seqs:
+                s["adv"] = (s["adv"] - all_a.mean()) / (all_a.std() + 1e-8)
+    prep_s = time.time() - t0
+
+    # ---- optimisation: epochs x minibatches, each minibatch one AdamW step (micro-batches accumulate)
+    params = list(model.parameters()) + (list(vhead.parameters()) if vhead is not None else [])
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    epochs = args.epochs if args.algo == "sft" else args.ppo_epochs
+    if args.minibatch_size:
+        mb_size = args.minibatch_size
+    elif args.minibatches:
+        mb_size = math.ceil(len(seqs) / args.minibatches)
+    else:
+        mb_size = 32 if args.algo == "sft" else math.ceil(len(seqs) / 2)
+    n_mb = math.ceil(len(seqs) / mb_size)
+    log, t_update = [], time.time()
+    bar = tqdm(total=epochs * n_mb, desc=f"05 {args.algo}", disable=epochs * n_mb < 5)
+    for epoch in range(epochs):
+        order = torch.randperm(len(seqs), generator=shuffle_gen).tolist()
+        for j in range(n_mb):
+            ts = time.time()
+            m = accumulate(model, vhead, [seqs[k] for k in order[j * mb_size:(j + 1) * mb_size]],
+                           args, pad_id, device, amp)
+            gn = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            dt = time.time() - ts
+            m.update(step=len(log), epoch=epoch, grad_norm=float(gn), reward_mean=info["reward_mean"],
+                     tokens_per_s=m["seq_tokens"] / dt, step_s=dt)
+            for k in ("zero_var_group_share", "logprob_mismatch"):
+                if k in info:
+                    m[k] = info[k]
+            if args.algo != "ppo":
+                m.pop("value_loss")
+            log.append(m)
+            bar.update()
+            bar.set_postfix(loss=f"{m['loss']:.4f}")
+    bar.close()
+    update_s = time.time() - t_update
+
+    # ---- write: checkpoint folder <out>.tmp -> <out>, then the log and the config beside it
+    tmp = Path(str(out) + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model.config.use_cache = True
+    model.save_pretrained(tmp)  # a plain causal LM (fp32 master weights) + generation_config
+    tok.save_pretrained(tmp)
+    if vhead is not None:
+        torch.save(vhead.state_dict(), tmp / "value_head.pt")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    write_atomic(out.parent / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in log))
+    summary = dict(info, steps=len(log), prep_s=prep_s, update_s=update_s, device=device,
+                   first_loss=log[0]["loss"], last_loss=log[-1]["loss"])
+    config = dict(args=vars(args), policy=str(policy), rollouts=str(rollouts), out=str(out),
+                  ref_policy=str(ref) if use_kl else None, seed=args.seed, torch=torch.__version__,
+                  **summary)
+    write_atomic(out.parent / "05_train_config.json", json.dumps(config, indent=2, default=str))
+    print(f"[05] {args.algo}: {info['episodes']} episodes, {info['sequences']} sequences "
+          f"({info['turns']} turns), {info['gen_tokens']} generated tokens, reward mean {info['reward_mean']:.3f}")
+    extra = {k: info[k] for k in ("zero_var_group_share", "logprob_mismatch") if k in info}
+    print(f"[05] {len(log)} steps in {update_s:.1f} s (+{prep_s:.1f} s old log-probs), loss "
+          f"{log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} {extra} seed {args.seed} -> {out}")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""Stage 05 maths against independent computations: mask, N_B across micro-batches, GRPO advantages,
+the first-step loss, clipping, GAE, merged turns; plus the CLI (--init-tiny, one iteration, bad input)."""
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import load_stage, run_stage
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+T05 = load_stage("05_train.py")
+WORDS = "river apple stone cloud code key read submit file path answer what is the in".split()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 2-layer, d=32 model with a ~300-token tokenizer, built by --init-tiny's own code."""
+    d = tmp_path_factory.mktemp("tiny05")
+    rng = random.Random(0)
+    lines = [{"text": " ".join(rng.choice(WORDS) for _ in range(12)) + f" {rng.randint(10, 99)}"} for _ in range(300)]
+    (d / "corpus.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    T05.main(["--init-tiny", "--out", str(d / "tiny"), "--corpus", str(d / "corpus.jsonl"), "--vocab-size", "300",
+              "--tiny-layers", "2", "--tiny-dim", "32", "--tiny-heads", "2", "--seed", "0"])
+    return d / "tiny"
+
+
+def load(path):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def random_episodes(vocab, n=6, turns=2, seed=0, full_history=False, groups=3):
+    """Contract-shaped rollout records with random ids; completion lengths differ on purpose."""
+    rng = random.Random(seed)
+    recs = []
+    for i in range(n):
+        prompt, mts = [rng.randrange(3, vocab) for _ in range(rng.randint(4, 9))], []
+        for _ in range(turns):
+            comp = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 7))]
+            mts.append({"prompt_ids": prompt, "completion_ids": comp, "logprobs": None})
+            tool = [rng.randrange(3, vocab) for _ in range(rng.randint(2, 5))]
+            prompt = (prompt + comp + tool) if full_history else [rng.randrange(3, vocab) for _ in range(5)] + tool
+        recs.append({"episode_id": f"e{i}", "group_id": f"g{i % groups}", "reward": float(rng.random() < 0.5) + 0.1 * i,
+                     "temperature": 1.0, "model_turns": mts})
+    return recs
+
+
+def as_episodes(recs):
+    return [dict(turns=[(t["prompt_ids"], t["completion_ids"], t["logprobs"]) for t in r["model_turns"]],
+                 reward=r["reward"], group=r["group_id"], temp=r["temperature"]) for r in recs]
+
+
+def args_for(*extra):
+    return T05.parse_args(["--policy", "p", "--rollouts", "r", "--out", "o", *extra])
+
+
+def grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def prepare(model, seqs, adv_by_ep):
+    T05.score(model, None, seqs, 0, "cpu", False, 4, "old_logp", "old")
+    for s in seqs:
+        s["adv"] = torch.full((s["n"],), float(adv_by_ep[s["ep"]]))
+    return seqs
+
+
+# --------------------------------------------------------------------------------------------- maths
+def test_grpo_advantages_match_numpy():
+    rewards = [1.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.2, 0.9, 0.0, 1.0]
+    groups = ["a", "a", "a", "b", "b", "b", "c", "c", "c", "d"]
+    adv, share = T05.grpo_advantages(rewards, groups, use_std=True, eps=1e-6)
+    r = np.array(rewards)
+    for g in set(groups):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        expect = (r[idx] - r[idx].mean()) / (np.std(r[idx]) + 1e-6)
+        np.testing.assert_allclose(adv[idx], expect, atol=1e-12)
+    # by hand: rewards (1, 0, 1): mean 2/3, population std sqrt(2)/3
+    np.testing.assert_allclose(adv[:3], np.array([1 / 3, -2 / 3, 1 / 3]) / (2 ** 0.5 / 3 + 1e-6), atol=1e-12)
+    assert share == pytest.approx(2 / 4)  # groups b (all 0.5) and d (one sample) are zero-variance
+    adv_mean_only, _ = T05.grpo_advantages(rewards, groups, use_std=False)
+    np.testing.assert_allclose(adv_mean_only[6:9], [0.2 - 1.1 / 3, 0.9 - 1.1 / 3, -1.1 / 3], atol=1e-12)
+
+
+def test_gae_small_example_by_hand():
+    # gamma 0.9, lambda 0.8, rewards (0, 0, 1), values (0.5, 0.6, 0.7):
+    # delta = (0.04, 0.03, 0.3); A_2 = 0.3, A_1 = 0.03 + 0.72 * 0.3 = 0.246, A_0 = 0.04 + 0.72 * 0.246
+    adv, ret = T05.gae(torch.tensor([0.0, 0.0, 1.0]), torch.tensor([0.5, 0.6, 0.7]), 0.9, 0.8)
+    torch.testing.assert_close(adv, torch.tensor([0.21712, 0.246, 0.3]))
+    torch.testing.assert_close(ret, torch.tensor([0.71712, 0.846, 1.0]))
+    adv, _ = T05.gae(torch.tensor([0.0, 0.0, 2.0]), torch.tensor([0.1, -0.2, 0.4]), 1.0, 1.0)
+    torch.testing.assert_close(adv, torch.tensor([1.9, 2.2, 1.6]))  # gamma = lambda = 1: A_t = R - V_t
+
+
+def test_clipping_zeroes_gradient_on_the_clipped_side():
+    eps, n_b = 0.2, 10.0
+    ratio = torch.tensor([1.5, 1.5, 0.5, 0.5, 1.1, 0.9])
+    adv = torch.tensor([1.0, -1.0, -2.0, 2.0, 0.5, -0.5])
+    old = torch.log(torch.tensor([0.3, 0.2, 0.4, 0.1, 0.25, 0.5]))
+    logp = (old + torch.log(ratio)).requires_grad_(True)
+    loss, _ = T05.policy_loss(logp, old, adv, eps, n_b)
+    loss.backward()
+    # d(-min(rho A, clip(rho) A) / N_B)/d logp = -A rho / N_B where the unclipped term is the min, else 0:
+    # rho > 1 + eps with A > 0 and rho < 1 - eps with A < 0 are clipped (tokens 0 and 2)
+    expect = torch.tensor([0.0, 1.5 * 1.0, 0.0, -0.5 * 2.0, -1.1 * 0.5, 0.9 * 0.5]) / n_b
+    torch.testing.assert_close(logp.grad, expect)
+    manual = -sum(min(r * a, min(max(r, 0.8), 1.2) * a) for r, a in zip(ratio.tolist(), adv.tolist())) / n_b
+    assert loss.item() == pytest.approx(manual, abs=1e-6)
+
+
+def test_first_step_gradient_and_mask_against_full_logits(tiny):
+    """Ratio = 1 on the first minibatch: loss = -sum(M A)/N_B and the gradient is that of
+    -sum(M A log pi)/N_B, computed here independently from full logits. Tokens after the last
+    completion (a tool output) are masked: changing them changes no gradient."""
+    model = load(tiny)
+    vocab = model.config.vocab_size
+    rng = random.Random(3)
+    seqs, ref_terms = [], []
+    for e in range(4):
+        p, c, tool = ([rng.randrange(3, vocab) for _ in range(k)] for k in (5 + e, 2 + 2 * e, 3))
+        seqs.append(dict(ids=p + c + tool, mask=[0] * len(p) + [1] * len(c) + [0] * 3, ep=e, temp=1.0, n=len(c)))
+    adv = [0.5, -1.0, 2.0, 0.25]
+    prepare(model, seqs, adv)
+    n_b = sum(s["n"] for s in seqs)
+    args = args_for("--algo", "grpo", "--micro-batch-size", "3")
+    model.zero_grad()
+    m = T05.accumulate(model, None, seqs, args, 0, "cpu", False)
+    g_trainer = grads(model)
+    assert m["tokens"] == n_b == 2 + 4 + 6 + 8
+    assert m["pg_loss"] == pytest.approx(-sum(a * s["n"] for a, s in zip(adv, seqs)) / n_b, abs=1e-6)
+    assert m["clip_frac"] == 0 and abs(m["approx_kl"]) < 1e-7
+    # independent: full forward of each sequence alone, positions picked by hand
+    model.zero_grad()
+    total = 0
+    for s, a in zip(seqs, adv):
+        logp = torch.log_softmax(model(torch.tensor([s["ids"]])).logits[0], -1)  # [L, V]
+        for pos in range(len(s["ids"])):
+            if s["mask"][pos]:
+                total = total - a * logp[pos - 1, s["ids"][pos]]
+    (total / n_b).backward()
+    torch.testing.assert_close(g_trainer, grads(model), atol=1e-6, rtol=1e-4)
+    # change the masked tool-output tokens at the end: identical gradient
+    changed = [dict(s, ids=s["ids"][:-3] + [(x + 7) % vocab for x in s["ids"][-3:]]) for s in seqs]
+    model.zero_grad()
+    T05.accumulate(model, None, changed, args, 0, "cpu", False)
+    torch.testing.assert_close(grads(model), g_trainer, atol=0, rtol=0)
+    # ...whereas changing a completion token does change it (the check above can fail)
+    s0 = seqs[3]
+    k = s0["mask"].index(1) + 1
+    changed[3] = dict(s0, ids=s0["ids"][:k] + [(s0["ids"][k] + 1) % vocab] + s0["ids"][k + 1:])
+    model.zero_grad()
+    T05.accumulate(model, None, changed, args, 0, "cpu", False)
+    assert (grads(model) - g_trainer).abs().max() > 1e-6
+
+
+def test_sequences_mask_exactly_the_completions():
+    recs = random_episodes(500, n=3, turns=3)
+    seqs = T05.build_sequences(as_episodes(recs), merge=True)  # not full history: nothing merges
+    assert len(seqs) == 9
+    for s, t in zip(seqs, [t for r in recs for t in r["model_turns"]]):
+        assert s["ids"] == t["prompt_ids"] + t["completion_ids"]
+        assert s["mask"] == [0] * len(t["prompt_ids"]) + [1] * len(t["completion_ids"])
+        b = T05.collate([s], 0, "cpu")
+        assert b["tgt"].tolist() == t["completion_ids"]
+
+
+def test_micro_batch_size_does_not_change_the_update(tiny, tmp_path):
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=8, turns=2, seed=5)
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    params = {}
+    for mbs in (1, 64):
+        T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"),
+                  "--out", str(tmp_path / f"mb{mbs}" / "policy"), "--micro-batch-size", str(mbs), "--lr", "1e-3",
+                  "--ppo-epochs", "1", "--minibatches", "1"])
+        params[mbs] = torch.cat([p.flatten() for p in load(tmp_path / f"mb{mbs}" / "policy").parameters()])
+    init = torch.cat([p.flatten() for p in load(tiny).parameters()])
+    assert (params[1] - init).abs().max() > 1e-4  # the update did something
+    assert (params[1] - params[64]).abs().max() < 1e-5
+    # gradient level, and the well-known bug (each micro-batch divides by its own token count) differs
+    model = load(tiny)
+    seqs = prepare(model, T05.build_sequences(as_episodes(recs)), T05.grpo_advantages(
+        [r["reward"] for r in recs], [r["group_id"] for r in recs])[0])
+    g = {}
+    for mbs in (1, 3, 64):
+        model.zero_grad()
+        T05.accumulate(model, None, seqs, args_for("--micro-batch-size", str(mbs)), 0, "cpu", False)
+        g[mbs] = grads(model)
+    torch.testing.assert_close(g[1], g[64], atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(g[3], g[64], atol=1e-7, rtol=1e-5)
+    model.zero_grad()
+    for s in seqs:  # per-micro-batch normalisation, micro-batch size 1, averaged over micro-batches
+        T05.accumulate(model, None, [s], args_for(), 0, "cpu", False)
+    assert (grads(model) / len(seqs) - g[64]).abs().max() > 10 * (g[1] - g[64]).abs().max() + 1e-6
+
+
+def test_merged_and_unmerged_turns_give_the_same_loss(tiny):
+    model = load(tiny)
+    recs = random_episodes(model.config.vocab_size, n=5, turns=3, seed=7, full_history=True)
+    eps = as_episodes(recs)
+    merged, single = T05.build_sequences(eps, merge=True), T05.build_sequences(eps, merge=False)
+    assert len(merged) == 5 and len(single) == 15
+    assert sum(s["n"] for s in merged) == sum(s["n"] for s in single)
+    adv = [1.0, -0.5, 0.3, -2.0, 0.7]
+    prepare(model, merged, adv)
+    prepare(model, single, adv)
+    with torch.no_grad():  # move away from the rollout weights so that ratios differ from 1
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    args = args_for("--micro-batch-size", "4", "--clip-eps", "0.1")
+    out = {}
+    for name, seqs in (("merged", merged), ("single", single)):
+        model.zero_grad()
+        out[name] = (T05.accumulate(model, None, seqs, args, 0, "cpu", False), grads(model))
+    assert out["merged"][0]["clip_frac"] > 0  # the clip is active somewhere
+    assert out["merged"][0]["loss"] == pytest.approx(out["single"][0]["loss"], abs=1e-6)
+    torch.testing.assert_close(out["merged"][1], out["single"][1], atol=1e-6, rtol=1e-4)
+
+
+def test_ppo_first_step_losses_by_hand(tiny, tmp_path):
+    """Fresh (zero) value head, gamma = 1: V = 0, so A_t = lambda^(T-1-t) R over the episode's tokens
+    counted across turns, returns = A; the first-step losses follow by hand."""
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=4, turns=2, seed=9)
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    T05.main(["--algo", "ppo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"), "--lam", "0.9",
+              "--out", str(tmp_path / "it" / "policy"), "--no-norm-adv", "--ppo-epochs", "1", "--minibatches", "1"])
+    n_b = sum(len(t["completion_ids"]) for r in recs for t in r["model_turns"])
+    advs = [r["reward"] * 0.9 ** k for r in recs
+            for k in range(sum(len(t["completion_ids"]) for t in r["model_turns"]))]
+    row = json.loads((tmp_path / "it" / "train_log.jsonl").read_text().splitlines()[0])
+    assert row["pg_loss"] == pytest.approx(-sum(advs) / n_b, abs=1e-5)
+    assert row["value_loss"] == pytest.approx(0.5 * sum(a * a for a in advs) / n_b, abs=1e-5)
+    head = torch.load(tmp_path / "it" / "policy" / "value_head.pt")
+    assert head["weight"].abs().sum() > 0  # trained, saved beside the plain causal LM
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def test_cli_init_tiny_loads_like_a_hub_model(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"transcript": [{"role": "user", "content": f"read {w}.txt code {n}"}]}) + "\n"
+                              for w in WORDS for n in (17, 417)))
+    run_stage("05_train.py", "--init-tiny", "--out", tmp_path / "m", "--corpus", corpus, "--vocab-size", "400",
+              "--tiny-layers", "1", "--tiny-dim", "16", "--tiny-heads", "2")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "read river.txt"},
+            {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "code 417"}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    assert tok.decode(ids).endswith("code 417<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert len(tok.encode("417", add_special_tokens=False)) == 1  # corpus entities are single tokens
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert model.config.num_hidden_layers == 1 and model.config.hidden_size == 16
+    assert model.generation_config.eos_token_id == [tok.eos_token_id]
+    assert not (tmp_path / "m.tmp").exists()
+
+
+def write_run(tmp_path, tiny, recs):
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(tiny, run / "init_policy")
+    (run / "iter_000").mkdir()
+    (run / "iter_000" / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return run
+
+
+def test_cli_one_grpo_iteration_from_a_run_folder(tiny, tmp_path):
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=6, turns=2, seed=11)
+    recs[0]["model_turns"][0]["logprobs"] = [-1.0] * len(recs[0]["model_turns"][0]["completion_ids"])
+    run = write_run(tmp_path, tiny, recs)
+    proc = run_stage("05_train.py", "--run", run, "--iteration", 0, "--algo", "grpo", "--lr", "1e-3")
+    assert "[05] grpo" in proc.stdout
+    it = run / "iter_000"
+    AutoModelForCausalLM.from_pretrained(it / "policy")
+    AutoTokenizer.from_pretrained(it / "policy")
+    rows = [json.loads(x) for x in (it / "train_log.jsonl").read_text().splitlines()]
+    assert len(rows) == 4  # 2 epochs x 2 minibatches
+    for k in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "entropy", "grad_norm", "reward_mean",
+              "tokens", "tokens_per_s", "zero_var_group_share", "logprob_mismatch"):
+        assert k in rows[0], k
+    assert rows[0]["logprob_mismatch"] > 0
+    assert rows[0]["reward_mean"] == pytest.approx(np.mean([r["reward"] for r in recs]))
+    cfg = json.loads((it / "05_train_config.json").read_text())
+    assert cfg["seed"] == 0 and cfg["policy"].endswith("init_policy")
+    assert sorted(p.name for p in it.iterdir()) == ["05_train_config.json", "policy", "rollouts.jsonl", "train_log.jsonl"]
+
+
+@pytest.mark.parametrize("case", ["empty", "vocab", "no_policy", "malformed"])
+def test_cli_bad_input_one_error_nothing_written(tiny, tmp_path, case):
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=3, seed=1)
+    run = write_run(tmp_path, tiny, recs)
+    roll = run / "iter_000" / "rollouts.jsonl"
+    lines = roll.read_text().splitlines()
+    if case == "empty":
+        roll.write_text("")
+        expect = "empty rollout file"
+    elif case == "vocab":
+        recs[1]["model_turns"][1]["completion_ids"][0] = 10 ** 6
+        lines[1] = json.dumps(recs[1])
+        roll.write_text("\n".join(lines) + "\n")
+        expect = "line 2: model_turns[1].completion_ids has token id 1000000 outside the policy's vocabulary"
+    elif case == "no_policy":
+        import shutil
+        shutil.rmtree(run / "init_policy")
+        expect = "policy folder"
+    else:
+        lines[2] = lines[2][:40]
+        roll.write_text("\n".join(lines) + "\n")
+        expect = "line 3: malformed JSON"
+    proc = run_stage("05_train.py", "--run", run, "--iteration", 0, check=False)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and expect in err[0], proc.stderr
+    if case != "no_policy":
+        assert str(roll) in err[0]
+    assert sorted(p.name for p in (run / "iter_000").iterdir()) == ["rollouts.jsonl"]
