@@ -27,7 +27,7 @@ error_template; {tool} is the shown tool name, "parser" or "workflow". A run sub
 the turn budget ends it as "turn_budget"; a prompt longer than max positions - max new tokens ends it
 as "context_limit". Reward = the task's checker on the final workspace and the submitted answer,
 whatever the finish reason. Train-mode batch of iteration t: tasks in assignment order, permuted by
-Random(seed * 1000003 + epoch); epoch e = t // ceil(N/B) takes chunk t mod ceil(N/B) of size B (the
+Random(order_seed * 1000003 + epoch); epoch e = t // ceil(N/B) takes chunk t mod ceil(N/B) of size B (the
 last chunk is filled from the start of the same permutation), so every epoch visits every task.
 vLLM backend: written for vLLM >= 0.10.2 (V1 engine, needs `logprobs_mode`), checked against the
 documented API of 0.10.2-0.11 (LLM(...), LLM.generate(prompts, [SamplingParams]), RequestOutput).
@@ -55,17 +55,19 @@ TOOL_HELP = {"list_files": "list all files", "read_file": "show a file", "search
              "write_file": "replace a file's text", "calculator": "do arithmetic", "submit": "give the final answer"}
 MAX_REPLY, MAX_ARG, MAX_FILE, MAX_FILES, MAX_PATH, MAX_ERR = 8000, 2000, 4000, 64, 64, 200
 
+
+def tool_set(names, shown_args):
+    """T.tools from the shown names (in CANONICAL order) and {canonical arg: shown arg}."""
+    return {t: {"name": n, "args": {a: shown_args[a] for a in CANONICAL[t]}} for t, n in zip(CANONICAL, names)}
+
+
 EXTERNAL_HARNESSES = [
     {"harness_id": "X-shell", "levels": None, "external": True, "specs": {
         "S": {"id": "XS-shell", "desc": "shell operator prompt", "placement": "system",
               "template": "You operate a sandboxed shell in a folder of text files.\n{tool_docs}\n{workflow_rules}"},
         "T": {"id": "XT-shell", "desc": "one shell tool, tiny command language", "syntax": "shell",
-              "max_calls_per_turn": 1, "tools": {
-                  "list_files": {"name": "ls", "args": {}}, "read_file": {"name": "cat", "args": {"path": "FILE"}},
-                  "search": {"name": "grep", "args": {"query": "WORD"}},
-                  "write_file": {"name": "echo", "args": {"path": "FILE", "content": "TEXT"}},
-                  "calculator": {"name": "calc", "args": {"expression": "EXPR"}},
-                  "submit": {"name": "submit", "args": {"answer": "ANSWER"}}}},
+              "max_calls_per_turn": 1, "tools": tool_set(["ls", "cat", "grep", "echo", "calc", "submit"], {
+                  "path": "FILE", "query": "WORD", "content": "TEXT", "expression": "EXPR", "answer": "ANSWER"})},
         "O": {"id": "XO-shell", "desc": "terminal output with exit status", "role": "tool",
               "template": "{output}\n[exit 0]", "error_template": "sh: {tool}: {error}\n[exit 1]",
               "max_chars": 800, "truncate_marker": "\n[... {n} more bytes]", "line_numbers": False},
@@ -78,13 +80,9 @@ EXTERNAL_HARNESSES = [
               "task_prefix": "Question: ",
               "template": "Answer the question below. You can use these tools:\n{tool_docs}\n{workflow_rules}"},
         "T": {"id": "XT-react", "desc": "Action / Action Input lines, Final Answer", "syntax": "react",
-              "max_calls_per_turn": 1, "final_answer": "Final Answer:", "tools": {
-                  "list_files": {"name": "ListFiles", "args": {}},
-                  "read_file": {"name": "ReadFile", "args": {"path": "file_path"}},
-                  "search": {"name": "SearchText", "args": {"query": "text"}},
-                  "write_file": {"name": "WriteFile", "args": {"path": "file_path", "content": "text"}},
-                  "calculator": {"name": "Calculator", "args": {"expression": "input"}},
-                  "submit": {"name": "Final Answer", "args": {"answer": "answer"}}}},
+              "max_calls_per_turn": 1, "final_answer": "Final Answer:", "tools": tool_set(
+                  ["ListFiles", "ReadFile", "SearchText", "WriteFile", "Calculator", "Final Answer"],
+                  {"path": "file_path", "query": "text", "content": "text", "expression": "input", "answer": "answer"})},
         "O": {"id": "XO-react", "desc": "Observation: lines as user turns", "role": "user",
               "template": "Observation: {output}", "error_template": "Observation: ERROR ({tool}) {error}",
               "max_chars": 1000, "truncate_marker": " [...]", "line_numbers": False},
@@ -173,28 +171,22 @@ def fill(template, **values):
 
 # ----------------------------------------------------------------------------- tasks and checkers
 def check_checker(c, where):
-    kinds = {"answer_equals": ["value"], "file_equals": ["path", "value"], "file_contains": ["path", "value"],
-             "all": ["checks"]}
-    if not isinstance(c, dict) or c.get("type") not in kinds:
-        raise InputError(f"{where}: field 'checker': type must be one of {sorted(kinds)}")
-    for key in kinds[c["type"]]:
-        if key not in c:
-            raise InputError(f"{where}: field 'checker.{key}' missing")
-    if c["type"] == "all":
-        if not isinstance(c["checks"], list) or not c["checks"]:
-            raise InputError(f"{where}: field 'checker.checks' must be a non-empty list")
-        for sub in c["checks"]:
-            check_checker(sub, where)
+    need = {"answer_equals": ["value"], "file_equals": ["path", "value"], "file_contains": ["path", "value"],
+            "all": ["checks"]}.get(c.get("type") if isinstance(c, dict) else None)
+    if need is None or any(k not in c for k in need) or (c["type"] == "all" and not (
+            isinstance(c["checks"], list) and c["checks"])):
+        raise InputError(f"{where}: field 'checker': needs type answer_equals (value), file_equals / file_contains "
+                         "(path, value) or all (checks: a non-empty list)")
+    for sub in c.get("checks", []) if c["type"] == "all" else []:
+        check_checker(sub, where)
 
 
 def load_tasks(path):
     tasks, seen = [], set()
     for n, t in read_jsonl(path, "tasks"):
         where = f"{path}:{n}"
-        if not isinstance(t, dict):
-            raise InputError(f"{where}: a task must be a JSON object")
         for key, typ in (("task_id", str), ("request", str), ("files", dict), ("checker", dict)):
-            if not isinstance(t.get(key), typ):
+            if not isinstance(t, dict) or not isinstance(t.get(key), typ):
                 raise InputError(f"{where}: field '{key}' missing or not a {typ.__name__}")
         if t["task_id"] in seen:
             raise InputError(f"{where}: field 'task_id': duplicate id {t['task_id']!r}")
@@ -342,6 +334,9 @@ def validate_harness(h, where):
     for spec, c, key, typ in need:
         if not isinstance(spec.get(key), typ):
             raise InputError(f"{where}: field 'specs.{c}.{key}' missing or not a {typ.__name__}")
+    if "submit" not in T["tools"] or not isinstance(T.get("max_calls_per_turn", 1), int) \
+            or T.get("max_calls_per_turn", 1) < 1:
+        raise InputError(f"{where}: field 'specs.T': needs a submit tool and an integer max_calls_per_turn >= 1")
     if T["syntax"] not in SYNTAXES:
         raise InputError(f"{where}: field 'specs.T.syntax': {T['syntax']!r} is not one of {SYNTAXES}")
     for tool, t in T["tools"].items():
@@ -514,30 +509,29 @@ def parse_reply(T, text):
                     continue
                 names = T["tools"][tool]["args"]
                 if tool == "write_file":
-                    m = re.match(r"(.*?)\s*>\s*(\S+)$", rest, re.S)
-                    if not m:
+                    content, arrow, path = (x.strip() for x in rest.rpartition(">"))
+                    if not arrow or not path or " " in path:
                         items.append(("error", f"write files as: {word} TEXT > FILE"))
                         continue
-                    content = m[1]
                     if content.startswith('"'):
                         try:
                             content = json.loads(content)
                         except json.JSONDecodeError:
                             items.append(("error", "bad quoted text"))
                             continue
-                    items.append(("call", word, {names["path"]: m[2], names["content"]: unquote(content)}))
+                    items.append(("call", word, {names["path"]: path, names["content"]: unquote(content)}))
                 else:
                     items.append(("call", word, {names[a]: unquote(rest) for a in CANONICAL[tool]}))
     else:  # react
         final = T.get("final_answer", "Final Answer:")
-        answers = re.findall(r"^\s*" + re.escape(final) + r"(.*)$", text, re.M)
-        actions = list(re.finditer(r"^\s*Action:[ \t]*(.*)$", text, re.M))
+        answers = re.findall(r"^[ \t]*" + re.escape(final) + r"(.*)$", text, re.M)
+        actions = list(re.finditer(r"^[ \t]*Action:[ \t]*(.*)$", text, re.M))
         if answers and actions:
             return [("error", f"write either an Action or a {final} line, not both")]
         if answers:
             return [("call", T["tools"]["submit"]["name"], {T["tools"]["submit"]["args"]["answer"]: answers[0].strip()})]
         for m in actions:
-            rest = re.match(r"\s*\n\s*Action Input:[ \t]*", text[m.end():])
+            rest = re.match(r"[ \t]*\n[ \t]*Action Input:[ \t]*", text[m.end():])
             try:
                 args, _ = json.JSONDecoder().raw_decode(text[m.end() + rest.end():])
                 assert isinstance(args, dict)
@@ -697,6 +691,11 @@ def encode(tok, messages):
     return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
+def cut_at_stop(ids, stops):
+    """Keep tokens up to and including the first stop token (all of them if none: max_new_tokens was hit)."""
+    return ids[:next((j + 1 for j, t in enumerate(ids) if t in stops), len(ids))]
+
+
 def max_positions(path):
     cfg = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").is_file() else {}
     cfg = cfg.get("text_config", cfg)
@@ -736,17 +735,13 @@ class HFBackend:
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                       generation_config=config)
         self.gen_seconds += time.perf_counter() - start
-        new = out.sequences[:, width:].cpu()  # [B, N]
+        new = out.sequences[:, width:]  # [B, N]
         logp = None
-        if sample:  # processed scores = logits / T: the sampling distribution
-            scores = torch.stack(out.scores, dim=1).float().cpu()  # [B, N, V]
-            logp = torch.log_softmax(scores, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)  # [B, N]
-        results = []
-        for i in range(len(prompts)):
-            row = new[i].tolist()
-            n = next((j + 1 for j, t in enumerate(row) if t in self.tok.stop_ids), len(row))
-            results.append((row[:n], logp[i, :n].tolist() if logp is not None else None))
-        return results
+        if sample:  # processed scores (= logits / T): the distribution each token was sampled from
+            logp = torch.stack([torch.log_softmax(s.float(), -1).gather(-1, new[:, i:i + 1])[:, 0]  # [B]
+                                for i, s in enumerate(out.scores)], dim=1).cpu()  # [B, N]
+        rows = [cut_at_stop(row, self.tok.stop_ids) for row in new.cpu().tolist()]
+        return [(row, logp[i, :len(row)].tolist() if logp is not None else None) for i, row in enumerate(rows)]
 
 
 class VLLMBackend:
@@ -773,12 +768,11 @@ class VLLMBackend:
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         self.gen_seconds += time.perf_counter() - start
         results = []
-        for out in outputs:
+        for out in outputs:  # RequestOutput, in prompt order; .logprobs: per position {token_id: Logprob}
             c = out.outputs[0]
-            ids = list(c.token_ids)
-            n = next((j + 1 for j, t in enumerate(ids) if t in self.tok.stop_ids), len(ids))
-            lps = [c.logprobs[j][ids[j]].logprob for j in range(n)] if T > 0 and c.logprobs is not None else None
-            results.append((ids[:n], lps))
+            ids = cut_at_stop(list(c.token_ids), self.tok.stop_ids)
+            lps = [c.logprobs[j][t].logprob for j, t in enumerate(ids)] if T > 0 and c.logprobs is not None else None
+            results.append((ids, lps))
         return results
 
 
@@ -871,13 +865,12 @@ def select_harnesses(args):
         return load_run_harnesses(run, "train_harnesses.jsonl")
     if spec == "heldout" or spec.startswith("heldout:"):
         held = load_run_harnesses(run, "heldout_harnesses.jsonl")
+        n = spec.partition(":")[2]
         if spec == "heldout":
             return held
-        try:
-            n = int(spec.split(":", 1)[1])
-            assert n >= 1
-        except (ValueError, AssertionError):
+        if not n.isdigit() or int(n) < 1:
             raise InputError(f"--harnesses {spec}: N in heldout:N must be a positive integer")
+        n = int(n)
         return sorted(random.Random(args.seed).sample(held, min(n, len(held))), key=lambda h: h["harness_id"])
     pool = {h["harness_id"]: h for h in external}
     for name in ("harness_space.jsonl", "train_harnesses.jsonl", "heldout_harnesses.jsonl"):
@@ -922,11 +915,10 @@ def summarize(records):
 def run_stage(args):
     if args.eval == (args.iteration is not None):
         raise InputError("give exactly one of --iteration t (train mode) or --eval (eval mode)")
-    for flag in ("group_size", "samples", "max_turns", "max_new_tokens"):
-        if getattr(args, flag) < 1:
-            raise InputError(f"--{flag.replace('_', '-')} must be >= 1")
-    if args.temperature < 0 or (args.iteration is not None and args.iteration < 0):
-        raise InputError("--temperature and --iteration must be >= 0")
+    bad = [f for f in ("group_size", "samples", "max_turns", "max_new_tokens") if getattr(args, f) < 1]
+    if bad or args.temperature < 0 or (args.iteration or 0) < 0:
+        raise InputError(f"--{(bad or ['temperature/iteration'])[0].replace('_', '-')}: must be >= 1 (>= 0 for "
+                         "--temperature and --iteration)")
     if args.eval and (not args.harnesses or not args.out or not args.policy):
         raise InputError("eval mode needs --policy, --harnesses SPEC and --out FILE")
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
@@ -936,9 +928,11 @@ def run_stage(args):
                                                   f"iter_{args.iteration - 1:03d}/policy"))
     backend, tok, positions = None, None, None
     if policy == "oracle":
-        for task, _, _ in jobs:
-            if not task.get("solution"):
-                raise InputError(f"{tasks_path}: task {task['task_id']!r} has no 'solution'; the oracle needs one")
+        for task, h, _ in jobs:
+            missing = {s["tool"] for s in task.get("solution") or []} - set(h["specs"]["T"]["tools"])
+            if not task.get("solution") or missing:
+                raise InputError(f"{tasks_path}: task {task['task_id']!r}: the oracle needs a 'solution' whose tools "
+                                 f"harness {h['harness_id']} has (missing: {sorted(missing) or 'solution'})")
         tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
     else:
         if not (Path(policy) / "config.json").is_file():

@@ -1,6 +1,7 @@
 """Stage 04: tools, calculator, paths, checkers, parsers, hostile replies, workflow, observations, context."""
 import copy
 import os
+import time
 
 import pytest
 from conftest import load_stage
@@ -144,6 +145,9 @@ HOSTILE = [
     "Action: ReadFile\nAction Input: {\"file_path\": \"/etc/passwd\"}", "Action: ReadFile\nAction Input: not json",
     "Action: ReadFile", "Action: Calculator\nAction Input: {\"input\": \"2**99999\"}",
     "Final Answer: 1\nAction: ReadFile\nAction Input: {}",
+    # pathological inputs for the parsers' regular expressions (must stay fast)
+    "\n" * 7990, " " * 7990, '<parameter name="a">' * 300, "<invoke " * 1000, "<tool_call>" * 700,
+    "```sh\necho " + " " * 7900 + "\n```", "Action:" * 1100, "Action: X\n" + " \n" * 3900, "a(" * 3900,
 ]
 HOSTILE_HARNESSES = ["S0-T0-O0-C0-W0", "S0-T1-O0-C0-W0", "S0-T2-O0-C0-W0", "X-shell", "X-react"]
 
@@ -151,6 +155,7 @@ HOSTILE_HARNESSES = ["S0-T0-O0-C0-W0", "S0-T1-O0-C0-W0", "S0-T2-O0-C0-W0", "X-sh
 @pytest.mark.parametrize("hid", HOSTILE_HARNESSES)
 def test_hostile_replies_become_error_observations(hid, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    start = time.perf_counter()
     h = SPACE.get(hid) or EXT[hid]
     O = h["specs"]["O"]
     prefix = O["error_template"].split("{")[0]
@@ -164,6 +169,7 @@ def test_hostile_replies_become_error_observations(hid, tmp_path, monkeypatch):
         assert ep.parse_errors + ep.tool_errors + ep.workflow_violations >= 1, reply[:80]
         assert set(ep.ws.files) == set(TASK["files"]) and ep.finish_reason is None, reply[:80]
     assert os.listdir(tmp_path) == []  # nothing escaped to the disk
+    assert time.perf_counter() - start < 3.0  # no pathological (super-linear) parsing
 
 
 def test_turn_budget_ends_the_episode():
