@@ -253,3 +253,32 @@ def test_bad_input_names_file_line_and_field_and_writes_nothing(tmp_path, capsys
     proc = run_stage("04_rollout.py", "--run", tmp_path, "--eval", "--policy", "oracle", "--harnesses", "base",
                      "--tasks", tmp_path / "nope.jsonl", "--out", out, check=False)
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error: ") and "nope.jsonl" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- with stage 05's tiny model
+@pytest.fixture(scope="module")
+def tiny05(tmp_path_factory):
+    if not (H.ROOT / "05_train.py").exists():
+        pytest.skip("stage 05 has not landed")
+    out = tmp_path_factory.mktemp("t05") / "tiny"
+    run_stage("05_train.py", "--init-tiny", "--out", out, "--corpus", H.ROOT / "data" / "train_tasks.jsonl")
+    return out
+
+
+def test_works_with_the_stage05_tiny_model(tmp_path, tiny05):
+    """05 --init-tiny's tokenizer, chat template and stop ids: oracle demonstrations and hf rollouts."""
+    tok05 = R.load_tokenizer(tiny05)
+    assert tok05.stop_ids[0] == tok05.convert_tokens_to_ids("<|im_end|>")
+    small_tasks(tmp_path / "tasks.jsonl")
+    H.make_run(tmp_path, set(), {})
+    common = ["--run", tmp_path, "--eval", "--tasks", tmp_path / "tasks.jsonl"]
+    R.main([str(a) for a in common + ["--policy", "oracle", "--tokenizer", tiny05, "--harnesses", ",".join(MIX),
+                                      "--out", tmp_path / "demos.jsonl"]])
+    records = [json.loads(x) for x in (tmp_path / "demos.jsonl").read_text().splitlines()]
+    assert all(r["success"] for r in records)
+    check_token_records(records, tok05)
+    run_stage("04_rollout.py", *common, "--policy", tiny05, "--harnesses", "S0-T2-O1-C1-W2,X-shell",
+              "--max-turns", 3, "--max-new-tokens", 8, "--out", tmp_path / "hf.jsonl")
+    records = [json.loads(x) for x in (tmp_path / "hf.jsonl").read_text().splitlines()]
+    assert len(records) == 12
+    check_token_records(records, tok05, max_new_tokens=8)
