@@ -4,8 +4,10 @@
     python 04_rollout.py --run runs/toy --iteration 0 --group-size 4 --tasks-per-iteration 32
     python 04_rollout.py --run runs/toy --iteration 0 --policy oracle --tokenizer runs/toy/init_policy
     # eval mode: tasks (default data/test_tasks.jsonl) x harnesses x samples
-    python 04_rollout.py --run runs/toy --eval --policy runs/toy/iter_004/policy --harnesses heldout:20 --out runs/toy/eval/x.jsonl
-    python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external --harness-file data/example_harness.json --out /tmp/o.jsonl
+    python 04_rollout.py --run runs/toy --eval --policy runs/toy/iter_004/policy --harnesses heldout:20 \
+        --out runs/toy/eval/heldout.jsonl
+    python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external \
+        --harness-file data/example_harness.json --out /tmp/oracle_external.jsonl
 
 Harness record (lines of harness_space.jsonl, and the shape of a --harness-file): {"harness_id",
 "levels" (null for out-of-space), "external" (bool), "specs": {"S","T","O","C","W"}}; the fields of
@@ -29,8 +31,11 @@ as "context_limit". Reward = the task's checker on the final workspace and the s
 whatever the finish reason. Train-mode batch of iteration t: tasks in assignment order, permuted by
 Random(order_seed * 1000003 + epoch); epoch e = t // ceil(N/B) takes chunk t mod ceil(N/B) of size B (the
 last chunk is filled from the start of the same permutation), so every epoch visits every task.
-vLLM backend: written for vLLM >= 0.10.2 (V1 engine, needs `logprobs_mode`), checked against the
-documented API of 0.10.2-0.11 (LLM(...), LLM.generate(prompts, [SamplingParams]), RequestOutput).
+Outputs: train -> DIR/iter_{t:03d}/rollouts.jsonl + 04_rollout_config.json; eval -> FILE and
+<stem>.04_rollout_config.json. A rollout line has the contract's fields plus "submitted_answer" (null if
+none); eval lines have iteration null and group_id "task|harness|eval".
+vLLM backend: written for vLLM >= 0.10.2 (V1 engine; `logprobs_mode` is needed), checked against the
+documented API of 0.10.2-0.11: LLM(...), LLM.generate(prompts, [SamplingParams]), RequestOutput.
 """
 import argparse
 import ast
@@ -82,7 +87,8 @@ EXTERNAL_HARNESSES = [
         "T": {"id": "XT-react", "desc": "Action / Action Input lines, Final Answer", "syntax": "react",
               "max_calls_per_turn": 1, "final_answer": "Final Answer:", "tools": tool_set(
                   ["ListFiles", "ReadFile", "SearchText", "WriteFile", "Calculator", "Final Answer"],
-                  {"path": "file_path", "query": "text", "content": "text", "expression": "input", "answer": "answer"})},
+                  {"path": "file_path", "query": "text", "content": "text", "expression": "input",
+                   "answer": "answer"})},
         "O": {"id": "XO-react", "desc": "Observation: lines as user turns", "role": "user",
               "template": "Observation: {output}", "error_template": "Observation: ERROR ({tool}) {error}",
               "max_chars": 1000, "truncate_marker": " [...]", "line_numbers": False},
@@ -104,7 +110,8 @@ def parse_args(argv=None):
     p.add_argument("--policy", default=None, help="checkpoint folder or 'oracle' (train default: contract rule)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend for a checkpoint")
     p.add_argument("--tokenizer", default=None, help="oracle: record token ids with this tokenizer")
-    p.add_argument("--tasks", default=None, help="tasks JSONL (train: data/train_tasks.jsonl, eval: data/test_tasks.jsonl)")
+    p.add_argument("--tasks", default=None,
+                   help="tasks JSONL (default: data/train_tasks.jsonl in train mode, data/test_tasks.jsonl in eval)")
     p.add_argument("--group-size", type=int, default=4, help="train: samples per (task, harness) = GRPO group")
     p.add_argument("--tasks-per-iteration", type=int, default=32, help="train: tasks per iteration B (0 = all)")
     p.add_argument("--harnesses", default=None, help="eval: base|train|heldout|heldout:N|all|external|id,id,...")
@@ -115,7 +122,8 @@ def parse_args(argv=None):
     p.add_argument("--max-turns", type=int, default=6, help="model replies per episode (turn budget)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
     p.add_argument("--seed", type=int, default=0, help="random seed (sampling; heldout:N draw)")
-    p.add_argument("--order-seed", type=int, default=0, help="train: seed of the task order; keep it fixed over iterations")
+    p.add_argument("--order-seed", type=int, default=0,
+                   help="train: seed of the task order (keep it fixed over iterations so batches cycle)")
     return p.parse_args(argv)
 
 
@@ -475,8 +483,9 @@ def parse_reply(T, text):
             end = text.find("</invoke>", m.start())
             head = re.match(r"""<invoke\s+name\s*=\s*["']([^"'<>]*)["']\s*>""", text[m.start():max(end, 0)])
             body = text[m.start() + head.end():end] if end >= 0 and head else ""
-            params = re.findall(r"""<parameter\s+name\s*=\s*["']([^"'<>]*)["']\s*>\n?(.*?)\n?</parameter>""", body, re.S)
-            if end < 0 or not head or len(params) != body.count("<parameter") or len({k for k, _ in params}) < len(params):
+            params = re.findall(r"""<parameter\s+name\s*=\s*["']([^"'<>]*)["']\s*>\n?(.*?)\n?</parameter>""",
+                                body, re.S)
+            if end < 0 or not head or len(params) != body.count("<parameter") or len(dict(params)) < len(params):
                 items.append(("error", 'write <invoke name="TOOL"><parameter name="ARG">value</parameter></invoke>, '
                                        "each tag closed, each argument once"))
                 continue
@@ -529,7 +538,8 @@ def parse_reply(T, text):
         if answers and actions:
             return [("error", f"write either an Action or a {final} line, not both")]
         if answers:
-            return [("call", T["tools"]["submit"]["name"], {T["tools"]["submit"]["args"]["answer"]: answers[0].strip()})]
+            submit = T["tools"]["submit"]
+            return [("call", submit["name"], {submit["args"]["answer"]: answers[0].strip()})]
         for m in actions:
             rest = re.match(r"[ \t]*\n[ \t]*Action Input:[ \t]*", text[m.end():])
             try:
@@ -554,7 +564,8 @@ def to_canonical(T, name, args):
     inverse = {v: k for k, v in shown.items()}
     unknown = [a for a in args if a not in inverse]
     if unknown:
-        raise ToolError(f"unknown argument {clip(unknown[0], 40)!r}; {name} takes: {', '.join(shown.values()) or 'nothing'}")
+        raise ToolError(f"unknown argument {clip(unknown[0], 40)!r}; {name} takes: "
+                        f"{', '.join(shown.values()) or 'nothing'}")
     out = {}
     for a in CANONICAL[tool]:
         value = args.get(shown[a])
@@ -624,7 +635,8 @@ class Episode:
                 name = item[1]
                 try:
                     tool, args = to_canonical(T, name, item[2])
-                    if tool == "submit" and W.get("verify_before_submit") and (W.get("verify_marker") or "") not in reply:
+                    verify = W.get("verify_marker") or ""
+                    if tool == "submit" and W.get("verify_before_submit") and verify not in reply:
                         parts.append(self.violation(f"submit refused: put a line '{W.get('verify_marker')} ...' "
                                                     "in the reply that submits"))
                         continue
@@ -661,7 +673,8 @@ def oracle_reply(ep):
     T, W = ep.T, ep.W
     lines = []
     if W.get("plan_first") and ep.turns == 0:
-        lines.append(f"{W.get('plan_prefix') or 'Plan:'} " + ", ".join(T["tools"][s["tool"]]["name"] for s in solution) + ".")
+        names = ", ".join(T["tools"][s["tool"]]["name"] for s in solution)
+        lines.append(f"{W.get('plan_prefix') or 'Plan:'} {names}.")
     if W.get("reply_marker"):
         lines.append(f"{W['reply_marker']} " + ("I know the answer." if step["tool"] == "submit" else
                                                 f"I will use {T['tools'][step['tool']]['name']}."))
@@ -834,8 +847,8 @@ def train_jobs(args, tasks_by_id, tasks_path):
     for n, row in read_jsonl(path, "assignment"):
         where = f"{path}:{n}"
         if not isinstance(row, dict) or row.get("task_id") not in tasks_by_id:
-            raise InputError(f"{where}: field 'task_id': {clip(row.get('task_id') if isinstance(row, dict) else row, 60)!r}"
-                             f" is not a task of {tasks_path}")
+            tid = row.get("task_id") if isinstance(row, dict) else row
+            raise InputError(f"{where}: field 'task_id': {clip(tid, 60)!r} is not a task of {tasks_path}")
         hids = row.get("harness_ids")
         if not isinstance(hids, list) or not hids:
             raise InputError(f"{where}: field 'harness_ids' must be a non-empty list")
@@ -903,13 +916,15 @@ def summarize(records):
     print(f"{'harness':<24}{'episodes':>9}{'reward':>8}{'success':>8}{'parse_err':>10}{'turns':>7}")
     for key, rs in [(k, by[k]) for k in sorted(by)[:20]] + [("all", records)]:
         mean = {f: sum(float(r[f]) for r in rs) / len(rs) for f in ("reward", "success", "parse_errors", "turns")}
+        more = f"   ({len(by) - 20} more harnesses not shown)" if key == "all" and len(by) > 20 else ""
         print(f"{key:<24}{len(rs):>9}{mean['reward']:>8.3f}{mean['success']:>8.3f}{mean['parse_errors']:>10.2f}"
-              f"{mean['turns']:>7.2f}" + (f"   ({len(by) - 20} more harnesses not shown)" if key == "all" and len(by) > 20 else ""))
+              f"{mean['turns']:>7.2f}{more}")
     for field in ("family", "finish_reason"):
         counts = {}
         for r in records:
             counts.setdefault(r[field], []).append(r["success"])
-        print(f"success by {field}: " + "  ".join(f"{k}={sum(v) / len(v):.2f} (n={len(v)})" for k, v in sorted(counts.items())))
+        print(f"success by {field}: " + "  ".join(f"{k}={sum(v) / len(v):.2f} (n={len(v)})"
+                                                  for k, v in sorted(counts.items())))
 
 
 def run_stage(args):
@@ -924,6 +939,8 @@ def run_stage(args):
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
     jobs, out = eval_jobs(args, tasks) if args.eval else train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
+    if not jobs:
+        raise InputError(f"{Path(args.run) / 'assignment.jsonl'}: no episodes to run (empty assignment)")
     policy = args.policy or str(Path(args.run) / ("init_policy" if not args.iteration else
                                                   f"iter_{args.iteration - 1:03d}/policy"))
     backend, tok, positions = None, None, None
@@ -949,7 +966,7 @@ def run_stage(args):
     config = {**vars(args), "policy": policy, "tasks": str(tasks_path), "episodes": len(records), "out": str(out),
               "harness_ids": sorted({r["harness_id"] for r in records}), "wall_seconds": round(wall, 3),
               "generation_seconds": round(backend.gen_seconds, 3) if backend else None, "versions": versions}
-    config_path = out.parent / "04_rollout_config.json" if not args.eval else out.with_name(out.stem + ".04_rollout_config.json")
+    config_path = out.with_name(out.stem + ".04_rollout_config.json" if args.eval else "04_rollout_config.json")
     write_atomic(config_path, json.dumps(config, indent=2))
     summarize(records)
     print(f"wrote {out} ({len(records)} episodes, {wall:.1f} s) and {config_path}")

@@ -1,6 +1,6 @@
 """bench_rollout.py: throughput of stage 04's rollouts (a benchmark, not a test).
 
-    python bench/bench_rollout.py                                  # builds a tiny model in a temp folder (05 --init-tiny)
+    python bench/bench_rollout.py              # builds a tiny model in a temp folder (05 --init-tiny)
     python bench/bench_rollout.py --model runs/toy/init_policy --episodes 128 --max-new-tokens 64
 
 Reports

@@ -81,7 +81,8 @@ def test_oracle_token_records_equal_the_rendered_context(tmp_path, tiny, tok):
         head = 1 if r["harness_id"] == "X-react" else 2
         for i, mt in enumerate(r["model_turns"]):
             reply = r["transcript"][head + 2 * i]["content"]
-            assert mt["completion_ids"] == tok.encode(reply, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+            im_end = tok.convert_tokens_to_ids("<|im_end|>")
+            assert mt["completion_ids"] == tok.encode(reply, add_special_tokens=False) + [im_end]
             assert mt["logprobs"] is None
     assert max(len(mt["prompt_ids"]) for r in records for mt in r["model_turns"]) < 1024
     config = json.loads((tmp_path / "demos.04_rollout_config.json").read_text())
@@ -242,7 +243,8 @@ def test_bad_input_names_file_line_and_field_and_writes_nothing(tmp_path, capsys
     # train mode: the default policy of iteration 2 is DIR/iter_001/policy
     expect_error(capsys, ["--run", str(tmp_path), "--iteration", "2"] + tasks_arg, "iter_001/policy")
     rows = (tmp_path / "assignment.jsonl").read_text().splitlines()
-    (tmp_path / "assignment.jsonl").write_text(rows[0] + "\n" + rows[1].replace("S0-T0-O0-C0-W0", "S0-T0-O0-C0-W7") + "\n")
+    bad_row = rows[1].replace("S0-T0-O0-C0-W0", "S0-T0-O0-C0-W7")
+    (tmp_path / "assignment.jsonl").write_text(rows[0] + "\n" + bad_row + "\n")
     expect_error(capsys, ["--run", str(tmp_path), "--iteration", "0", "--policy", "oracle"] + tasks_arg,
                  "assignment.jsonl:2", "'harness_ids'", "S0-T0-O0-C0-W7")
     (tmp_path / "assignment.jsonl").write_text(json.dumps({"task_id": "zzz", "harness_ids": ["S0-T0-O0-C0-W0"]}))

@@ -82,7 +82,8 @@ def test_checkers():
 
 # ----------------------------------------------------------------------------- parsers (valid calls)
 @pytest.mark.parametrize("hid,reply", [
-    ("S0-T0-O0-C0-W0", '<tool_call>{"name": "write_file", "arguments": {"path": "a.txt", "content": "x: 1"}}</tool_call>'),
+    ("S0-T0-O0-C0-W0",
+     '<tool_call>{"name": "write_file", "arguments": {"path": "a.txt", "content": "x: 1"}}</tool_call>'),
     ("S0-T1-O0-C0-W0", '<invoke name="save">\n<parameter name="file">a.txt</parameter>\n'
                        '<parameter name="text">\nx: 1\n</parameter>\n</invoke>'),
     ("S0-T2-O0-C0-W0", 'I will write.\nwrite(filename="a.txt", body="x: 1")'),
@@ -128,7 +129,8 @@ HOSTILE = [
     '<tool_call>{"name": "write_file", "arguments": {"path": "big.txt", "content": "' + "x" * 3000 + '"}}</tool_call>',
     '<tool_call>{"name": "read_file", "arguments": {"path": "r\\u00edo.txt"}}</tool_call>',
     '<tool_call>{"name": "calculator", "arguments": {"expression": "9**9**9"}}</tool_call>',
-    '<tool_call>{"name": "calculator", "arguments": {"expression": "__import__(\'os\').system(\'touch pwned\')"}}</tool_call>',
+    '<tool_call>{"name": "calculator", "arguments": {"expression": '
+    '"__import__(\'os\').system(\'touch pwned\')"}}</tool_call>',
     '<tool_call>{"name": "__import__", "arguments": {"x": "os"}}</tool_call>',
     '<tool_call>{"name": "read_file", "arguments": {"path": ["a"]}}</tool_call>',
     "<tool_call>" + "[" * 5000 + "</tool_call>",
