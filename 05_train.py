@@ -40,7 +40,7 @@ from tqdm import tqdm
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     g = p.add_argument_group("inputs and outputs")
-    g.add_argument("--run", default="runs/default", help="run folder")
+    g.add_argument("--run", default="runs/default", help="run folder (used with --iteration)")
     g.add_argument("--iteration", type=int, help="RL iteration t (sets the default paths)")
     g.add_argument("--policy", help="policy checkpoint folder (default: see module docstring)")
     g.add_argument("--rollouts", help="rollouts.jsonl (default DIR/iter_{t:03d}/rollouts.jsonl)")
@@ -53,8 +53,8 @@ def parse_args(argv=None):
     g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (total L2 norm)")
     g.add_argument("--clip-eps", type=float, default=0.2, help="epsilon of clip(rho, 1-eps, 1+eps)")
     g.add_argument("--kl-coef", type=float, default=0.0, help="weight of the k3 KL to the reference policy")
-    g.add_argument("--ref-policy", help="reference policy for the KL (default DIR/init_policy if it exists, "
-                   "else the loaded policy)")
+    g.add_argument("--ref-policy", help="reference policy for the KL (default: with --iteration, DIR/init_policy "
+                   "if it exists; else the loaded policy)")
     g.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus weight")
     g.add_argument("--no-std", action="store_true", help="GRPO: A = r - mean (no division by the group std)")
     g.add_argument("--adv-eps", type=float, default=1e-6, help="GRPO: A = (r - mean) / (std + eps)")
@@ -76,7 +76,7 @@ def parse_args(argv=None):
     g.add_argument("--vocab-size", type=int, default=2048)
     g.add_argument("--tiny-layers", type=int, default=2)
     g.add_argument("--tiny-dim", type=int, default=128)
-    g.add_argument("--tiny-heads", type=int, default=4)
+    g.add_argument("--tiny-heads", type=int, default=8)
     g.add_argument("--tiny-max-len", type=int, default=1024, help="max_position_embeddings")
     return p.parse_args(argv)
 
@@ -278,11 +278,13 @@ def grpo_advantages(rewards, groups, use_std=True, eps=1e-6):
 def gae(rewards, values, gamma, lam):
     """GAE over one episode's generated tokens in order:
     delta_t = r_t + gamma V_{t+1} - V_t (V after the last token = 0), A_t = delta_t + gamma lam A_{t+1}."""
-    adv, last = torch.zeros_like(values), 0.0
-    for t in reversed(range(len(values))):
-        next_v = values[t + 1] if t + 1 < len(values) else 0.0
-        last = rewards[t] + gamma * next_v - values[t] + gamma * lam * last
+    r, v = rewards.tolist(), values.tolist()
+    adv, last = [0.0] * len(v), 0.0
+    for t in reversed(range(len(v))):
+        next_v = v[t + 1] if t + 1 < len(v) else 0.0
+        last = r[t] + gamma * next_v - v[t] + gamma * lam * last
         adv[t] = last
+    adv = torch.tensor(adv, dtype=values.dtype)  # [T]
     return adv, adv + values  # advantages, returns
 
 
@@ -291,33 +293,33 @@ def collate(seqs, pad_id, device):
     logits there predict y_t, so sel is the mask M_t shifted by one."""
     L = max(len(s["ids"]) for s in seqs)
     inp = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
-    attn = torch.zeros((len(seqs), L), dtype=torch.long)  # [B, L]
     sel = torch.zeros((len(seqs), L), dtype=torch.bool)  # [B, L]
     for b, s in enumerate(seqs):
         inp[b, :len(s["ids"])] = torch.tensor(s["ids"])
-        attn[b, :len(s["ids"])] = 1
         sel[b, :len(s["ids"]) - 1] = torch.tensor(s["mask"][1:], dtype=torch.bool)
     tgt = inp[:, 1:][sel[:, :-1]]  # [N] the generated tokens y_t, row-major order
     temp = torch.cat([torch.full((s["n"],), s["temp"]) for s in seqs])  # [N]
-    batch = dict(inp=inp.to(device), attn=attn.to(device), sel=sel.to(device), tgt=tgt.to(device),
-                 temp=temp.to(device), tokens=int(attn.sum()))
+    batch = dict(inp=inp.to(device), sel=sel.to(device), tgt=tgt.to(device), temp=temp.to(device),
+                 tokens=sum(len(s["ids"]) for s in seqs))
     for k in ("old_logp", "ref_logp", "old_v", "adv", "ret"):
         if k in seqs[0]:
             batch[k] = torch.cat([s[k] for s in seqs]).to(device)  # [N]
     return batch
 
 
-def forward(model, vhead, batch, amp):
+def forward(model, vhead, batch, amp, ent_grad=False):
     """Log-probs (at temperature), entropies and values of the generated tokens only. The LM head
     runs on the selected hidden states, not on every position (prompts are most of the tokens)."""
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-        h = model.base_model(input_ids=batch["inp"], attention_mask=batch["attn"]).last_hidden_state  # [B, L, H]
+        # right padding + causal attention: real tokens never attend to the pads, so no attention mask
+        h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
         h = h[batch["sel"]]  # [N, H]
         logits = model.get_output_embeddings()(h)  # [N, V]
     logits = logits.float() / batch["temp"][:, None]  # [N, V] pi(.|s) at the sampling temperature
     logp_all = torch.log_softmax(logits, dim=-1)  # [N, V]
     logp = logp_all.gather(1, batch["tgt"][:, None]).squeeze(1)  # [N]
-    ent = -(logp_all.exp() * logp_all).sum(-1)  # [N]
+    with torch.set_grad_enabled(ent_grad and torch.is_grad_enabled()):  # no [N, V] kept for backward
+        ent = -(logp_all.exp() * logp_all).sum(-1)  # [N]
     v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
     return logp, ent, v
 
@@ -340,7 +342,7 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
     seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # less padding; the sum does not depend on order
     for i in range(0, len(seqs), args.micro_batch_size):
         b = collate(seqs[i:i + args.micro_batch_size], pad_id, device)
-        logp, ent, v = forward(model, vhead, b, amp)
+        logp, ent, v = forward(model, vhead, b, amp, ent_grad=args.ent_coef > 0)
         if args.algo == "sft":
             # SFT: -1/N_B sum_t M_t log pi_theta(y_t | s_t)
             pg = -logp.sum() / n_b
@@ -400,8 +402,8 @@ def resolve_paths(args):
     policy = Path(args.policy) if args.policy else (run / "init_policy" if t == 0 else it(t - 1) / "policy")
     rollouts = Path(args.rollouts) if args.rollouts else it(t) / "rollouts.jsonl"
     out = Path(args.out) if args.out else it(t) / "policy"
-    ref = Path(args.ref_policy) if args.ref_policy else (run / "init_policy" if (run / "init_policy").exists()
-                                                         else policy)
+    ref = Path(args.ref_policy) if args.ref_policy else (
+        run / "init_policy" if t is not None and (run / "init_policy").exists() else policy)
     return policy, rollouts, out, ref
 
 

@@ -234,6 +234,35 @@ def test_ppo_first_step_losses_by_hand(tiny, tmp_path):
     assert head["weight"].abs().sum() > 0  # trained, saved beside the plain causal LM
 
 
+def test_kl_to_the_reference_is_k3_by_hand(tiny, tmp_path):
+    """First step, reference = a perturbed copy: logged kl = mean over generated tokens of
+    exp(d) - d - 1, d = log pi_ref - log pi_theta (at the episode's temperature), from full logits."""
+    ref = load(tiny)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    ref.save_pretrained(tmp_path / "ref")
+    recs = random_episodes(ref.config.vocab_size, n=4, turns=2, seed=13)
+    for r in recs:
+        r["temperature"] = 0.7
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"), "--kl-coef", "0.5",
+              "--ref-policy", str(tmp_path / "ref"), "--out", str(tmp_path / "it" / "policy"),
+              "--ppo-epochs", "1", "--minibatches", "1"])
+    row = json.loads((tmp_path / "it" / "train_log.jsonl").read_text().splitlines()[0])
+    pol, ks = load(tiny), []
+    with torch.no_grad():
+        for r in recs:
+            for t in r["model_turns"]:
+                ids = torch.tensor([t["prompt_ids"] + t["completion_ids"]])
+                lp = [torch.log_softmax(m(ids).logits[0] / 0.7, -1) for m in (pol, ref)]
+                for k, y in enumerate(t["completion_ids"]):
+                    d = (lp[1][len(t["prompt_ids"]) - 1 + k, y] - lp[0][len(t["prompt_ids"]) - 1 + k, y]).item()
+                    ks.append(np.exp(d) - d - 1)
+    assert row["kl"] == pytest.approx(np.mean(ks), rel=1e-4) and row["kl"] > 1e-3
+    assert row["loss"] == pytest.approx(row["pg_loss"] + 0.5 * row["kl"], abs=1e-6)
+
+
 # ----------------------------------------------------------------------------------------------- CLI
 def test_cli_init_tiny_loads_like_a_hub_model(tmp_path):
     corpus = tmp_path / "c.jsonl"
