@@ -38,11 +38,12 @@ PRESETS = {
     # CPU, no network: the tiny locally built model. Figures in README "Toy run".
     "toy": dict(model="tiny", backend="hf", iterations=3, tasks_per_iteration=24, group_size=4,
                 temperature=1.0, max_turns=6, max_new_tokens=48, algo="grpo", lr=3e-4, k=3,
-                sft_epochs=6, sft_lr=3e-3, sft_tasks=None, eval_tasks=40, eval_heldout=6, seed=0),
+                tiny=dict(layers=2, dim=128, heads=8), sft_tasks=100, sft_epochs=8, sft_lr=3e-3,
+                eval_tasks=40, eval_heldout=6, seed=0),
     # one GPU: a hub instruct model (downloaded by your machine), vLLM rollouts, bf16 training.
     "gpu": dict(model="Qwen/Qwen2.5-0.5B-Instruct", backend="vllm", iterations=20, tasks_per_iteration=64,
                 group_size=8, temperature=1.0, max_turns=8, max_new_tokens=256, algo="grpo", lr=1e-6, k=3,
-                sft_epochs=0, sft_lr=0.0, sft_tasks=None, eval_tasks=None, eval_heldout=16, seed=0),
+                tiny=None, sft_tasks=None, sft_epochs=0, sft_lr=0.0, eval_tasks=None, eval_heldout=16, seed=0),
 }
 METHODS = {"harness-scaling": ("oa", "locality"), "random18": ("random", "locality"),
            "random-assign": ("oa", "random"), "single": ("oa", "single")}
@@ -63,6 +64,8 @@ def parse_args(argv=None):
     p.add_argument("--eval-tasks", type=int, help="evaluate on the first N test tasks")
     p.add_argument("--eval-heldout", type=int, help="number of held-out in-space harnesses evaluated")
     p.add_argument("--sft-epochs", type=int, help="warm-start SFT epochs (toy)")
+    p.add_argument("--sft-tasks", type=int, help="warm-start demonstrations: the first N training tasks x H_tr (toy)")
+    p.add_argument("--tiny-size", help="tiny model as LAYERS,DIM,HEADS (toy), e.g. 2,128,8")
     p.add_argument("--warmstart", default=None, help="warm-start cache folder (default runs/<preset>-warmstart)")
     p.add_argument("--seed", type=int)
     p.add_argument("--stop-after", default=None,
@@ -115,11 +118,18 @@ def warm_start(cfg, args, ws, run, train_tasks):
     step("ws-demos-text", ws / "demos_text.jsonl",
          ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--harnesses", "train",
           "--tasks", train_tasks, "--out", ws / "demos_text.jsonl"], args)
+    tiny = cfg["tiny"]
     step("ws-init-tiny", ws / "tiny", ["05_train.py", "--init-tiny", "--out", ws / "tiny", "--seed", cfg["seed"],
+                                       "--tiny-layers", tiny["layers"], "--tiny-dim", tiny["dim"],
+                                       "--tiny-heads", tiny["heads"],
                                        "--corpus", ws / "demos_text.jsonl", train_tasks], args)
+    # the SFT demonstrations: the first sft_tasks training tasks under every harness of H_tr
+    sft_tasks = ws / "sft_tasks.jsonl"
+    if not sft_tasks.exists():
+        take_first(train_tasks, sft_tasks, cfg["sft_tasks"] or 10**9)
     step("ws-demos", ws / "demos.jsonl",
          ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--tokenizer", ws / "tiny",
-          "--harnesses", "train", "--tasks", train_tasks, "--out", ws / "demos.jsonl"], args)
+          "--harnesses", "train", "--tasks", sft_tasks, "--out", ws / "demos.jsonl"], args)
     step("ws-sft", ws / "policy",
          ["05_train.py", "--algo", "sft", "--policy", ws / "tiny", "--rollouts", ws / "demos.jsonl",
           "--out", ws / "policy", "--epochs", cfg["sft_epochs"], "--lr", cfg["sft_lr"], "--seed", cfg["seed"]], args)
@@ -142,9 +152,11 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = dict(PRESETS[args.preset])
     for key in ("iterations", "tasks_per_iteration", "group_size", "algo", "eval_tasks", "eval_heldout",
-                "sft_epochs", "seed"):
+                "sft_epochs", "sft_tasks", "seed"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
+    if args.tiny_size:
+        cfg["tiny"] = dict(zip(("layers", "dim", "heads"), map(int, args.tiny_size.split(","))))
     cfg.update(method=args.method, max_train_tasks=args.max_train_tasks)
     run = Path(args.run or f"runs/{args.preset}")
     ws = Path(args.warmstart or f"runs/{args.preset}-warmstart")
