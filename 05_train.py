@@ -483,7 +483,7 @@ def main(argv=None):
             a, ret = gae(r, values, args.gamma, args.lam)
             for s, a_s, r_s in zip(ep_seqs, a.split([s["n"] for s in ep_seqs]), ret.split([s["n"] for s in ep_seqs])):
                 s["adv"], s["ret"] = a_s, r_s
-        if not args.no_norm_adv:
+        if not args.no_norm_adv and info["gen_tokens"] > 1:
             all_a = torch.cat([s["adv"] for s in seqs])
             for s in seqs:
                 s["adv"] = (s["adv"] - all_a.mean()) / (all_a.std() + 1e-8)
@@ -525,7 +525,7 @@ def main(argv=None):
     bar.close()
     update_s = time.time() - t_update
 
-    # ---- write: checkpoint folder <out>.tmp -> <out>, then the log and the config beside it
+    # ---- write: checkpoint to <out>.tmp, the log and the config beside it, then <out>.tmp -> <out> last
     tmp = Path(str(out) + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -534,9 +534,6 @@ def main(argv=None):
     tok.save_pretrained(tmp)
     if vhead is not None:
         torch.save(vhead.state_dict(), tmp / "value_head.pt")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
     write_atomic(out.parent / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in log))
     summary = dict(info, steps=len(log), prep_s=prep_s, update_s=update_s, device=device,
                    first_loss=log[0]["loss"], last_loss=log[-1]["loss"])
@@ -544,6 +541,9 @@ def main(argv=None):
                   ref_policy=str(ref) if use_kl else None, seed=args.seed, torch=torch.__version__,
                   **summary)
     write_atomic(out.parent / "05_train_config.json", json.dumps(config, indent=2, default=str))
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)  # the checkpoint appears last: its presence means the stage finished
     print(f"[05] {args.algo}: {info['episodes']} episodes, {info['sequences']} sequences "
           f"({info['turns']} turns), {info['gen_tokens']} generated tokens, reward mean {info['reward_mean']:.3f}")
     extra = {k: info[k] for k in ("zero_var_group_share", "logprob_mismatch") if k in info}
