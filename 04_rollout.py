@@ -9,15 +9,12 @@
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external \
         --harness-file data/example_harness.json --out /tmp/oracle_external.jsonl
 
-Harness record (lines of harness_space.jsonl, and the shape of a --harness-file): {"harness_id",
-"levels" (null for out-of-space), "external" (bool), "specs": {"S","T","O","C","W"}}; the fields of
-each spec are listed in the contract's realisation table. Out-of-space extras read here:
-S.placement "user" (no system message: the prompt leads the first user message, then S.task_prefix
-and the request); T.syntax "shell" (one tool: a ```sh block, commands `ls`, `cat FILE`, `grep WORD`,
-`calc EXPR`, `echo TEXT > FILE`, `submit ANSWER`; T.tools maps canonical tools to command words) and
-"react" (`Action: NAME` + `Action Input: {json}`, or `Final Answer: X` = submit); W.reply_marker (every
-reply needs a line starting with it). --harness-file takes a JSON object, a JSON list, or JSONL.
-Built in: X-shell and X-react (EXTERNAL_HARNESSES below); data/example_harness.json is an example.
+Harness records, tasks and the rollout line format are documented in README.md. Out-of-space extras
+read here: S.placement "user" (no system message: the prompt, then S.task_prefix and the request, lead
+the first user message); T.syntax "shell" (```sh block; T.tools maps canonical tools to command words)
+or "react" (`Action: NAME` + `Action Input: {json}`, or T.final_answer (default `Final Answer:`) =
+submit); W.reply_marker (every reply needs a line starting with it). The built-in X-shell and X-react
+(`--harnesses external`) live in data/external_harnesses.json; data/example_harness.json is an example.
 
 Episode rules. One observation message per reply (the outputs of its calls joined by newlines, in
 O's template; W's budget reminder on a new line at its end). A reply without a parsable call, with a
@@ -28,14 +25,8 @@ without verify_marker are workflow violations (calls not run). Errors are observ
 error_template; {tool} is the shown tool name, "parser" or "workflow". A run submit ends the episode;
 the turn budget ends it as "turn_budget"; a prompt longer than max positions - max new tokens ends it
 as "context_limit". Reward = the task's checker on the final workspace and the submitted answer,
-whatever the finish reason. Train-mode batch of iteration t: tasks in assignment order, permuted by
-Random(order_seed * 1000003 + epoch); epoch e = t // ceil(N/B) takes chunk t mod ceil(N/B) of size B (the
-last chunk is filled from the start of the same permutation), so every epoch visits every task.
-Outputs: train -> DIR/iter_{t:03d}/rollouts.jsonl + 04_rollout_config.json; eval -> FILE and
-<stem>.04_rollout_config.json. A rollout line has the contract's fields plus "submitted_answer" (null if
-none); eval lines have iteration null and group_id "task|harness|eval".
-vLLM backend: written for vLLM >= 0.10.2 (V1 engine; `logprobs_mode` is needed), checked against the
-documented API of 0.10.2-0.11: LLM(...), LLM.generate(prompts, [SamplingParams]), RequestOutput.
+whatever the finish reason. Outputs: train -> DIR/iter_{t:03d}/rollouts.jsonl + 04_rollout_config.json;
+eval -> FILE + <stem>.04_rollout_config.json, lines with iteration null and group_id "task|harness|eval".
 """
 import argparse
 import ast
@@ -59,47 +50,6 @@ CANONICAL = {"list_files": [], "read_file": ["path"], "search": ["query"], "writ
 TOOL_HELP = {"list_files": "list all files", "read_file": "show a file", "search": "show lines that contain it",
              "write_file": "replace a file's text", "calculator": "do arithmetic", "submit": "give the final answer"}
 MAX_REPLY, MAX_ARG, MAX_FILE, MAX_FILES, MAX_PATH, MAX_ERR = 8000, 2000, 4000, 64, 64, 200
-
-
-def tool_set(names, shown_args):
-    """T.tools from the shown names (in CANONICAL order) and {canonical arg: shown arg}."""
-    return {t: {"name": n, "args": {a: shown_args[a] for a in CANONICAL[t]}} for t, n in zip(CANONICAL, names)}
-
-
-EXTERNAL_HARNESSES = [
-    {"harness_id": "X-shell", "levels": None, "external": True, "specs": {
-        "S": {"id": "XS-shell", "desc": "shell operator prompt", "placement": "system",
-              "template": "You operate a sandboxed shell in a folder of text files.\n{tool_docs}\n{workflow_rules}"},
-        "T": {"id": "XT-shell", "desc": "one shell tool, tiny command language", "syntax": "shell",
-              "max_calls_per_turn": 1, "tools": tool_set(["ls", "cat", "grep", "echo", "calc", "submit"], {
-                  "path": "FILE", "query": "WORD", "content": "TEXT", "expression": "EXPR", "answer": "ANSWER"})},
-        "O": {"id": "XO-shell", "desc": "terminal output with exit status", "role": "tool",
-              "template": "{output}\n[exit 0]", "error_template": "sh: {tool}: {error}\n[exit 1]",
-              "max_chars": 800, "truncate_marker": "\n[... {n} more bytes]", "line_numbers": False},
-        "C": {"id": "XC-shell", "desc": "last 3 exchanges", "mode": "window", "k": 3, "elided_text": None},
-        "W": {"id": "XW-shell", "desc": "one command per reply, commands-left reminder",
-              "rules": "Run exactly one command per reply.", "plan_first": False, "plan_prefix": None,
-              "budget_reminder": "[{left} commands left]", "verify_before_submit": False, "verify_marker": None}}},
-    {"harness_id": "X-react", "levels": None, "external": True, "specs": {
-        "S": {"id": "XS-react", "desc": "classic ReAct prompt in the user turn", "placement": "user",
-              "task_prefix": "Question: ",
-              "template": "Answer the question below. You can use these tools:\n{tool_docs}\n{workflow_rules}"},
-        "T": {"id": "XT-react", "desc": "Action / Action Input lines, Final Answer", "syntax": "react",
-              "max_calls_per_turn": 1, "final_answer": "Final Answer:", "tools": tool_set(
-                  ["ListFiles", "ReadFile", "SearchText", "WriteFile", "Calculator", "Final Answer"],
-                  {"path": "file_path", "query": "text", "content": "text", "expression": "input",
-                   "answer": "answer"})},
-        "O": {"id": "XO-react", "desc": "Observation: lines as user turns", "role": "user",
-              "template": "Observation: {output}", "error_template": "Observation: ERROR ({tool}) {error}",
-              "max_chars": 1000, "truncate_marker": " [...]", "line_numbers": False},
-        "C": {"id": "XC-react", "desc": "older observations hidden", "mode": "elide", "k": 2,
-              "elided_text": "Observation: (hidden)"},
-        "W": {"id": "XW-react", "desc": "Thought line required in every reply",
-              "rules": "Every reply starts with 'Thought: ...', then either 'Action: TOOL' and 'Action Input: {JSON}', "
-                       "or 'Final Answer: ANSWER'.",
-              "plan_first": False, "plan_prefix": None, "reply_marker": "Thought:", "budget_reminder": None,
-              "verify_before_submit": False, "verify_marker": None}}},
-]
 
 
 def parse_args(argv=None):
@@ -376,6 +326,18 @@ def load_run_harnesses(run, name):
     return [validate_harness(h, f"{path}:{n}") for n, h in read_jsonl(path, "harness")]
 
 
+def harness_pool(run, names, pool=()):
+    """{harness_id: record} from `pool` then every file of `names` that exists in the run folder."""
+    pool = {h["harness_id"]: h for h in pool}
+    for name in names:
+        if (Path(run) / name).is_file():
+            pool.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
+    return pool
+
+
+EXTERNAL_HARNESSES = load_harness_file(HERE / "data" / "external_harnesses.json")  # --harnesses external
+
+
 # ----------------------------------------------------------------------------- rendering (S, T, O, C)
 def render_call(T, tool, args):
     """One canonical call written in T's syntax (the oracle's replies and the tool docs' example)."""
@@ -393,29 +355,28 @@ def render_call(T, tool, args):
         if tool == "submit":
             return f"{T.get('final_answer', 'Final Answer:')} {args['answer']}"
         return f"Action: {name}\nAction Input: {json.dumps(shown, ensure_ascii=False)}"
-    if tool == "write_file":  # shell
-        text = args["content"]
-        if any(c in text for c in "\n\"'>") or text != text.strip():
-            text = json.dumps(text, ensure_ascii=False)
-        command = f"{name} {text} > {args['path']}"
-    else:
-        command = " ".join([name] + [args[a] for a in CANONICAL[tool]])
-    return f"```sh\n{command}\n```"
+    return f"```sh\n{shell_command(name, tool, args)}\n```"
+
+
+def shell_command(name, tool, args, quote=True):
+    """`name ARG` or `name TEXT > FILE`; with quote, TEXT that the shell parser would misread goes in JSON quotes."""
+    if tool != "write_file":
+        return " ".join([name] + [args[a] for a in CANONICAL[tool]])
+    text = args["content"]
+    if quote and (any(c in text for c in "\n\"'>") or text != text.strip()):
+        text = json.dumps(text, ensure_ascii=False)
+    return f"{name} {text} > {args['path']}"
 
 
 def tool_docs(T):
     tools, n = T["tools"], T.get("max_calls_per_turn", 1)
     if T["syntax"] == "shell":
-        def usage(tool):
-            a, name = tools[tool]["args"], tools[tool]["name"]
-            return f"{name} {a['content']} > {a['path']}" if tool == "write_file" else \
-                " ".join([name] + [a[x] for x in CANONICAL[tool]])
-        lines = [f"Commands (in a ```sh block, at most {n} per reply):"]
-        return "\n".join(lines + [f"{usage(t)} - {TOOL_HELP[t]}" for t in CANONICAL if t in tools])
+        return "\n".join([f"Commands (in a ```sh block, at most {n} per reply):"] + [
+            f"{shell_command(tools[t]['name'], t, tools[t]['args'], quote=False)} - {TOOL_HELP[t]}"
+            for t in CANONICAL if t in tools])
     if T["syntax"] == "react":
-        lines = [f"- {s['name']}, input {json.dumps({v: '...' for v in s['args'].values()})}: {TOOL_HELP[t]}"
-                 for t, s in tools.items() if t != "submit"]
-        return "\n".join(lines)
+        return "\n".join(f"- {s['name']}, input {json.dumps({v: '...' for v in s['args'].values()})}: {TOOL_HELP[t]}"
+                         for t, s in tools.items() if t != "submit")
     lines = [f"- {tools[t]['name']}({', '.join(tools[t]['args'][a] for a in CANONICAL[t])}): {TOOL_HELP[t]}"
              for t in CANONICAL if t in tools]
     example = render_call(T, "read_file", {"path": "a.txt"}) if "read_file" in tools else ""
@@ -506,31 +467,28 @@ def parse_reply(T, text):
         if text.count("```") % 2:
             return [("error", "unclosed ``` block")]
         words = {spec["name"]: tool for tool, spec in T["tools"].items()}
-        for block in re.findall(r"```[A-Za-z]*\n?(.*?)```", text, re.S):
-            for line in [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]:
-                word, _, rest = line.partition(" ")
-                tool, rest = words.get(word), rest.strip()
-                if tool != "write_file" and re.search(r"[|;&`]|\$\(", line):
-                    items.append(("error", "pipes, ';', '&' and substitutions are not supported"))
-                    continue
-                if tool is None:
-                    items.append(("call", word, {}))  # -> "unknown tool" (a tool error)
-                    continue
-                names = T["tools"][tool]["args"]
-                if tool == "write_file":
-                    content, arrow, path = (x.strip() for x in rest.rpartition(">"))
-                    if not arrow or not path or " " in path:
-                        items.append(("error", f"write files as: {word} TEXT > FILE"))
-                        continue
-                    if content.startswith('"'):
-                        try:
-                            content = json.loads(content)
-                        except json.JSONDecodeError:
-                            items.append(("error", "bad quoted text"))
-                            continue
-                    items.append(("call", word, {names["path"]: path, names["content"]: unquote(content)}))
+        blocks = re.findall(r"```[A-Za-z]*\n?(.*?)```", text, re.S)
+        lines = [ln.strip() for block in blocks for ln in block.splitlines()]
+        for line in [ln for ln in lines if ln and not ln.startswith("#")]:
+            word, _, rest = line.partition(" ")
+            tool, rest = words.get(word), rest.strip()
+            names = T["tools"][tool]["args"] if tool else {}
+            if tool != "write_file" and re.search(r"[|;&`]|\$\(", line):
+                items.append(("error", "pipes, ';', '&' and substitutions are not supported"))
+            elif tool != "write_file":  # an unknown word -> no args -> "unknown tool" (a tool error)
+                items.append(("call", word, {names[a]: unquote(rest) for a in CANONICAL[tool]} if tool else {}))
+            else:
+                content, arrow, path = (x.strip() for x in rest.rpartition(">"))
+                try:
+                    content = json.loads(content) if arrow and path and content.startswith('"') else content
+                except json.JSONDecodeError:
+                    content = None
+                if not arrow or not path or " " in path:
+                    items.append(("error", f"write files as: {word} TEXT > FILE"))
+                elif content is None:
+                    items.append(("error", "bad quoted text"))
                 else:
-                    items.append(("call", word, {names[a]: unquote(rest) for a in CANONICAL[tool]}))
+                    items.append(("call", word, {names["path"]: path, names["content"]: unquote(content)}))
     else:  # react
         final = T.get("final_answer", "Final Answer:")
         answers = re.findall(r"^[ \t]*" + re.escape(final) + r"(.*)$", text, re.M)
@@ -758,7 +716,8 @@ class HFBackend:
 
 
 class VLLMBackend:
-    """vLLM offline engine on plain {"prompt_token_ids": ...} prompts; one engine per run of this script."""
+    """vLLM offline engine on plain {"prompt_token_ids": ...} prompts; one engine per run of this script.
+    Written for vLLM >= 0.10.2 (V1 engine, `logprobs_mode`), checked against the API of 0.10.2-0.11."""
 
     def __init__(self, path, tok, args):
         try:
@@ -824,7 +783,8 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
 
 # ----------------------------------------------------------------------------- modes: which episodes to run
 def train_batch(task_ids, t, size, order_seed):
-    """Tasks of iteration t: chunk t mod ceil(N/B) of epoch t // ceil(N/B)'s seeded permutation (see docstring)."""
+    """Tasks of iteration t (B = size): epoch t // ceil(N/B) permutes the tasks with Random(order_seed * 1000003
+    + epoch) and takes chunk t mod ceil(N/B), the last one filled from the permutation's start."""
     n = len(task_ids)
     if size <= 0 or size >= n:
         return list(task_ids)
@@ -837,10 +797,7 @@ def train_batch(task_ids, t, size, order_seed):
 
 def train_jobs(args, tasks_by_id, tasks_path):
     run, t = Path(args.run), args.iteration
-    known = {}
-    for name in ("harness_space.jsonl", "train_harnesses.jsonl"):
-        if (run / name).is_file():
-            known.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
+    known = harness_pool(run, ("harness_space.jsonl", "train_harnesses.jsonl"))
     if not known:
         raise InputError(f"{run / 'train_harnesses.jsonl'}: harness file not found (run stages 01-02 first)")
     path, assignment = run / "assignment.jsonl", {}
@@ -877,18 +834,13 @@ def select_harnesses(args):
     if spec == "train":
         return load_run_harnesses(run, "train_harnesses.jsonl")
     if spec == "heldout" or spec.startswith("heldout:"):
-        held = load_run_harnesses(run, "heldout_harnesses.jsonl")
-        n = spec.partition(":")[2]
+        held, n = load_run_harnesses(run, "heldout_harnesses.jsonl"), spec.partition(":")[2]
         if spec == "heldout":
             return held
         if not n.isdigit() or int(n) < 1:
             raise InputError(f"--harnesses {spec}: N in heldout:N must be a positive integer")
-        n = int(n)
-        return sorted(random.Random(args.seed).sample(held, min(n, len(held))), key=lambda h: h["harness_id"])
-    pool = {h["harness_id"]: h for h in external}
-    for name in ("harness_space.jsonl", "train_harnesses.jsonl", "heldout_harnesses.jsonl"):
-        if (run / name).is_file():
-            pool.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
+        return sorted(random.Random(args.seed).sample(held, min(int(n), len(held))), key=lambda h: h["harness_id"])
+    pool = harness_pool(run, ("harness_space.jsonl", "train_harnesses.jsonl", "heldout_harnesses.jsonl"), external)
     ids = list(dict.fromkeys(i.strip() for i in spec.split(",") if i.strip()))
     for hid in ids:
         if hid not in pool:

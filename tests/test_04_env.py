@@ -1,5 +1,6 @@
 """Stage 04: tools, calculator, paths, checkers, parsers, hostile replies, workflow, observations, context."""
 import copy
+import json
 import os
 import time
 
@@ -294,3 +295,11 @@ def test_system_prompt_rendering_of_the_base_harness():
     s1 = episode("S1-T0-O0-C0-W1", max_turns=5).messages[0]["content"]
     assert s1.startswith("Rules: finish with submit; at most 5 replies.\n"
                          "Start your first reply with a line 'Plan: ...'.\nTools:\n- list_files(): ")
+
+
+def test_builtin_external_harnesses_come_from_the_data_file():
+    path = H.ROOT / "data" / "external_harnesses.json"
+    assert [h["harness_id"] for h in R.EXTERNAL_HARNESSES] == ["X-shell", "X-react"]
+    assert R.EXTERNAL_HARNESSES == R.load_harness_file(path) == json.loads(path.read_text())
+    assert all(h["external"] and h["levels"] is None for h in R.EXTERNAL_HARNESSES)
+    assert [h["specs"]["T"]["syntax"] for h in R.EXTERNAL_HARNESSES] == ["shell", "react"]
