@@ -727,7 +727,8 @@ class VLLMBackend:
         self.vllm, self.tok, self.args, self.gen_seconds = vllm, tok, args, 0.0
         # generation_config="vllm": ignore the checkpoint's sampling defaults; processed_logprobs: log-probs of
         # the distribution actually sampled from (after temperature), not of the raw logits.
-        self.llm = vllm.LLM(model=str(path), seed=args.seed, generation_config="vllm",
+        # dtype bfloat16: 05 saves fp32 checkpoints (so tiny lr updates survive); serve them in bf16
+        self.llm = vllm.LLM(model=str(path), seed=args.seed, dtype="bfloat16", generation_config="vllm",
                             logprobs_mode="processed_logprobs")
 
     def generate(self, prompts, turn):

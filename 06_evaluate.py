@@ -54,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend of 04")
     p.add_argument("--max-turns", type=int, default=None, help="turn budget per episode (default: 04's)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per reply (default: 04's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample, sampling and bootstrap")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% interval")
     p.add_argument("--no-rollout", action="store_true", help="only score rollout files that already exist")
@@ -131,6 +132,8 @@ def make_rollouts(args, run, policy, out_dir, heldout_ids):
                "--backend", args.backend, "--seed", str(args.seed), "--out", str(out)]
         if args.max_turns:
             cmd += ["--max-turns", str(args.max_turns)]
+        if args.max_new_tokens:
+            cmd += ["--max-new-tokens", str(args.max_new_tokens)]
         if split == "external":
             for hf in args.harness_file:
                 cmd += ["--harness-file", hf]

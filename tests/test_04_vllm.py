@@ -1,5 +1,5 @@
 """Stage 04's vLLM backend, driven by a fake `vllm` module (vLLM cannot run here): the documented calls
-LLM(model=..., seed=..., generation_config="vllm", logprobs_mode="processed_logprobs"),
+LLM(model=..., seed=..., dtype="bfloat16", generation_config="vllm", logprobs_mode="processed_logprobs"),
 LLM.generate([{"prompt_token_ids": ids}, ...], [SamplingParams(...), ...], use_tqdm=False), and the
 conversion of RequestOutput.outputs[0].token_ids / .logprobs ([{token_id: Logprob(logprob=...)}, ...])."""
 import argparse
@@ -63,7 +63,7 @@ def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
     monkeypatch.setitem(sys.modules, "vllm", fake.module)
     args = argparse.Namespace(temperature=0.8, max_new_tokens=6, seed=3)
     backend = R.VLLMBackend(tiny, tok, args)
-    assert fake.llm_kwargs == {"model": str(tiny), "seed": 3, "generation_config": "vllm",
+    assert fake.llm_kwargs == {"model": str(tiny), "seed": 3, "dtype": "bfloat16", "generation_config": "vllm",
                                "logprobs_mode": "processed_logprobs"}
     results = backend.generate([[1, 2, 3], [4, 5], [4, 5]], turn=2)
     (prompts, params, use_tqdm), = fake.calls
