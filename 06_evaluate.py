@@ -258,8 +258,10 @@ def results_markdown(run, summaries):
             rec = "n/a" if b["recovery_rate"] is None else f"{100 * b['recovery_rate']:.0f}%"
             out.append(f"| {SPLIT_TITLES[split]} | {fmt(sp)} | {sp['pairs']} | {100 * b['parse_error_rate']:.1f}% "
                        f"| {rec} | {100 * b['workflow_compliance']:.0f}% | {b['mean_turns']:.2f} |")
+        width = max([len(v) for v in s["per_component"].values()] + [1])
         out += ["", "pass@1 by realisation (base + held-out in-space episodes):", "",
-                "| component | " + " | ".join(f"level {i}" for i in range(3)) + " |", "| --- | --- | --- | --- |"]
+                "| component | " + " | ".join(f"level {i}" for i in range(width)) + " |",
+                "| --- |" + " --- |" * width]
         for c, by_level in s["per_component"].items():
             out.append(f"| {c} | " + " | ".join(f"{k}: {100 * v:.0f}%" for k, v in by_level.items()) + " |")
         out += ["", "Per harness:", "", "| harness | pass@1 |", "| --- | --- |"]

@@ -36,7 +36,7 @@ PY = sys.executable
 
 PRESETS = {
     # CPU, no network: the tiny locally built model. Figures in README "Toy run".
-    "toy": dict(model="tiny", backend="hf", iterations=3, tasks_per_iteration=24, group_size=4,
+    "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
                 temperature=1.0, max_turns=6, max_new_tokens=48, algo="grpo", lr=3e-4, k=3,
                 tiny=dict(layers=2, dim=128, heads=8), sft_tasks=100, sft_epochs=8, sft_lr=3e-3,
                 eval_tasks=40, eval_heldout=6, seed=0),
@@ -218,6 +218,7 @@ def main(argv=None):
         for label, policy in evals:
             cmd = ["06_evaluate.py", "--run", run, "--policy", policy, "--label", label, "--backend", cfg["backend"],
                    "--heldout", cfg["eval_heldout"], "--tasks", args.test_tasks, "--max-turns", cfg["max_turns"],
+                   "--max-new-tokens", cfg["max_new_tokens"],
                    "--seed", cfg["seed"]]
             if cfg["eval_tasks"]:
                 cmd += ["--max-tasks", cfg["eval_tasks"]]
