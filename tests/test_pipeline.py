@@ -67,3 +67,20 @@ def test_pipeline_end_to_end_with_interruption(tmp_path):
     third = run_stage("pipeline.py", "--run", run, "--warmstart", ws, *MINI[:-2], "--eval-heldout", 3, check=False)
     assert third.returncode == 2 and "made with other settings" in third.stderr
     assert (run / "results.md").read_text() == table
+
+
+def test_single_harness_baseline_sets(tmp_path):
+    """The `single` method: H_tr = {base}, everything else held out, and 03 with K = 1 gives every task the base."""
+    from conftest import load_stage
+    pipe = load_stage("pipeline.py")
+    run = tmp_path / "run"
+    run_stage("01_harness_space.py", "--run", run)
+    pipe.single_harness_sets(run)
+    train = read_jsonl(run / "train_harnesses.jsonl")
+    heldout = read_jsonl(run / "heldout_harnesses.jsonl")
+    assert [h["harness_id"] for h in train] == ["S0-T0-O0-C0-W0"]
+    assert len(heldout) == 242 and "S0-T0-O0-C0-W0" not in {h["harness_id"] for h in heldout}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": f"t{i}"}) + "\n" for i in range(5)))
+    run_stage("03_assignment.py", "--run", run, "--tasks", tasks, "--k", 1)
+    assert [a["harness_ids"] for a in read_jsonl(run / "assignment.jsonl")] == [["S0-T0-O0-C0-W0"]] * 5
