@@ -36,3 +36,22 @@ def run_stage(filename, *args, cwd=None, check=True, timeout=600):
 @pytest.fixture
 def stage():
     return load_stage
+
+
+TINY05_WORDS = "river apple stone cloud code key read submit file path answer what is the in".split()
+
+
+@pytest.fixture(scope="session")
+def tiny05(tmp_path_factory):
+    """A 2-layer, d=32 model with a ~300-token tokenizer, built once by 05's own --init-tiny code."""
+    import json
+    import random
+    d = tmp_path_factory.mktemp("tiny05")
+    rng = random.Random(0)
+    lines = [{"text": " ".join(rng.choice(TINY05_WORDS) for _ in range(12)) + f" {rng.randint(10, 99)}"}
+             for _ in range(300)]
+    (d / "corpus.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    load_stage("05_train.py").main(["--init-tiny", "--out", str(d / "tiny"), "--corpus", str(d / "corpus.jsonl"),
+                                    "--vocab-size", "300", "--tiny-layers", "2", "--tiny-dim", "32",
+                                    "--tiny-heads", "2", "--seed", "0"])
+    return d / "tiny"

@@ -6,23 +6,16 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import load_stage, run_stage
+from conftest import TINY05_WORDS, load_stage, run_stage
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 T05 = load_stage("05_train.py")
-WORDS = "river apple stone cloud code key read submit file path answer what is the in".split()
+WORDS = TINY05_WORDS  # the words the tiny tokenizer was trained on
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A 2-layer, d=32 model with a ~300-token tokenizer, built by --init-tiny's own code."""
-    d = tmp_path_factory.mktemp("tiny05")
-    rng = random.Random(0)
-    lines = [{"text": " ".join(rng.choice(WORDS) for _ in range(12)) + f" {rng.randint(10, 99)}"} for _ in range(300)]
-    (d / "corpus.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    T05.main(["--init-tiny", "--out", str(d / "tiny"), "--corpus", str(d / "corpus.jsonl"), "--vocab-size", "300",
-              "--tiny-layers", "2", "--tiny-dim", "32", "--tiny-heads", "2", "--seed", "0"])
-    return d / "tiny"
+@pytest.fixture
+def tiny(tiny05):
+    return tiny05
 
 
 def load(path):
