@@ -121,13 +121,14 @@ def levels_of(harness_id):
 def make_rollouts(args, run, policy, out_dir, heldout_ids):
     """Ask 04 (eval mode) for one rollout file per split. Existing files are kept (resume)."""
     specs = {"base": args.base_harness, "inspace": ",".join(heldout_ids), "external": "external"}
+    tasks = tasks_file(args, out_dir)
     for split in SPLITS:
         out = out_dir / f"{split}.jsonl"
         if out.is_file() and not args.overwrite:
             print(f"[06] {out} exists, reusing it (--overwrite to redo)")
             continue
         cmd = [sys.executable, str(HERE / "04_rollout.py"), "--run", str(run), "--eval",
-               "--policy", str(policy), "--harnesses", specs[split], "--tasks", str(tasks_file(args, out_dir)),
+               "--policy", str(policy), "--harnesses", specs[split], "--tasks", str(tasks),
                "--samples", str(args.samples), "--temperature", str(args.temperature),
                "--backend", args.backend, "--seed", str(args.seed), "--out", str(out)]
         if args.max_turns:
