@@ -1,0 +1,292 @@
+"""A real agent framework as an out-of-space harness: smolagents' ToolCallingAgent around our policy.
+
+    # through 04's eval mode (the oracle, or any checkpoint with --backend hf|vllm)
+    python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses smolagents --out /tmp/smol.jsonl
+
+Nobody designed this harness for the experiment: smolagents' own system prompt (its toolcalling_agent.yaml),
+its tool-call format (an `Action:` line and a JSON blob, parsed by smolagents' own text parser), its
+observation and error rendering and its memory are used exactly as the library ships them. What this
+file adds is the plumbing between that black box and our environment:
+
+- Tools: the task's workspace tools (list_files, read_file, search, write_file, calculator) as smolagents
+  `Tool`s that call 04's `Workspace.call` (same semantics and limits; 04's MAX_ARG on every argument); the
+  built-in `final_answer` tool (same name, description and schema) also records the answer = 04's submit.
+  A ToolCallingAgent (never a CodeAgent): nothing the model writes is executed.
+- The policy: a smolagents `Model` that renders the messages smolagents sends with the policy's chat
+  template (04's `encode`), samples through 04's backend (hf or vllm), decodes, cuts the text at the stop
+  sequences smolagents asks for ("Observation:", "Calling tools:"), and records each call as one
+  token-in/token-out model turn (prompt ids as sent, completion ids as sampled, log-probs) in 04's schema.
+- The oracle: a scripted `Model` that writes each step of the task's `solution` in smolagents' format,
+  through the same text path and parser as the policy (submit -> final_answer).
+
+Episode rules (decisions). max_steps = the harness turn budget (max_turns); every smolagents step is one
+model call. When the budget runs out smolagents would make one extra model call to force an answer
+(`provide_final_answer`); we do not: the episode ends as "turn_budget" and is scored as it stands. A reply
+smolagents cannot parse (AgentParsingError) counts as a parse error; an unknown tool, bad arguments
+(AgentToolCallError) or a failing tool (our ToolError message inside smolagents' "Error executing tool"
+text) count as tool errors; smolagents reports each one to the model in its own words and the episode goes
+on. A prompt longer than positions - max_new_tokens ends the episode as "context_limit". Reward = the task's
+checker on the final workspace and the submitted answer. There is no W component: workflow_violations is 0.
+Episodes run one after another (smolagents' loop is sequential): one generation call of batch size 1 per
+model turn, so this harness is much slower per episode than 04's lockstep batches.
+
+04 is never imported by name: every function here receives the 04 module object (`rollout`).
+"""
+import json
+
+import smolagents
+from smolagents import (AgentError, AgentGenerationError, AgentMaxStepsError, AgentParsingError,
+                        AgentToolExecutionError, ChatMessage, FinalAnswerTool, LogLevel, MessageRole, Model, Tool,
+                        ToolCallingAgent)
+from smolagents.memory import ActionStep
+from smolagents.models import get_clean_message_list, tool_role_conversions
+from tqdm import tqdm
+
+HARNESS_ID = "X-smolagents"
+FRAMEWORK = f"smolagents {smolagents.__version__}"  # e.g. "smolagents 1.26.0", recorded in every episode
+SUPPORTED = ">=1.20,<1.27"  # the APIs used here exist unchanged in these versions (checked in their source)
+
+
+def harness_title():
+    """The name of this harness in tables: the framework and its installed version."""
+    return FRAMEWORK
+
+
+# ----------------------------------------------------------------------------- the workspace tools
+class WorkspaceTool(Tool):
+    """One of 04's canonical tools over one episode's Workspace. ToolError -> smolagents' error observation."""
+    output_type = "string"
+
+    def __init__(self, rollout, ws):
+        super().__init__()
+        self.rollout, self.ws = rollout, ws
+
+    def call_workspace(self, tool, **args):
+        for name, value in args.items():
+            if not isinstance(value, str):  # smolagents checks the declared type first; this is a second guard
+                raise self.rollout.ToolError(f"argument {name!r} must be a string")
+            if len(value) > self.rollout.MAX_ARG:
+                raise self.rollout.ToolError(f"argument {name!r} too long ({self.rollout.MAX_ARG} chars max)")
+        return self.ws.call(tool, args)
+
+
+class ListFiles(WorkspaceTool):
+    name, description, inputs = "list_files", "Lists the names of all files in the workspace, one per line.", {}
+
+    def forward(self):
+        return self.call_workspace("list_files")
+
+
+class ReadFile(WorkspaceTool):
+    name, description = "read_file", "Returns the text of one file of the workspace."
+    inputs = {"path": {"type": "string", "description": "the file's name, e.g. notes.txt"}}
+
+    def forward(self, path):
+        return self.call_workspace("read_file", path=path)
+
+
+class Search(WorkspaceTool):
+    name, description = "search", "Returns every line of every file that contains the text, as 'file: line'."
+    inputs = {"query": {"type": "string", "description": "the text to look for (case is ignored)"}}
+
+    def forward(self, query):
+        return self.call_workspace("search", query=query)
+
+
+class WriteFile(WorkspaceTool):
+    name, description = "write_file", "Replaces the whole text of a file (creates it if it does not exist)."
+    inputs = {"path": {"type": "string", "description": "the file's name, e.g. notes.txt"},
+              "content": {"type": "string", "description": "the file's new text"}}
+
+    def forward(self, path, content):
+        return self.call_workspace("write_file", path=path, content=content)
+
+
+class Calculator(WorkspaceTool):
+    name, description = "calculator", "Evaluates arithmetic: numbers, + - * / // % ** and parentheses."
+    inputs = {"expression": {"type": "string", "description": "the expression, e.g. 12+30"}}
+
+    def forward(self, expression):
+        return self.call_workspace("calculator", expression=expression)
+
+
+class SubmitFinalAnswer(FinalAnswerTool):
+    """smolagents' own final_answer tool (its name, description and schema), which also records the answer
+    in the workspace the way 04's submit does: a string (numbers become strings) of at most MAX_ARG chars."""
+
+    def __init__(self, rollout, ws):
+        super().__init__()
+        self.rollout, self.ws = rollout, ws
+
+    def forward(self, answer):
+        if type(answer) in (int, float):
+            answer = str(answer)
+        if not isinstance(answer, str):
+            raise self.rollout.ToolError("the answer must be a string or a number")
+        if len(answer) > self.rollout.MAX_ARG:
+            raise self.rollout.ToolError(f"argument 'answer' too long ({self.rollout.MAX_ARG} chars max)")
+        self.ws.call("submit", {"answer": answer})
+        return answer
+
+
+def make_tools(rollout, ws):
+    return [cls(rollout, ws) for cls in (ListFiles, ReadFile, Search, WriteFile, Calculator, SubmitFinalAnswer)]
+
+
+# ----------------------------------------------------------------------------- the agent (two guards, nothing else)
+class Agent(ToolCallingAgent):
+    """smolagents' ToolCallingAgent with its prompts, parser, rendering and memory unchanged, and two guards."""
+
+    def provide_final_answer(self, task):
+        """smolagents calls this when max_steps is reached, to make one extra model call for an answer. The turn
+        budget is the harness's, so no extra call: the episode ends without an answer ("turn_budget")."""
+        return ChatMessage(role=MessageRole.ASSISTANT, content=None)
+
+    def execute_tool_call(self, tool_name, arguments):
+        # a JSON blob whose "name" is a list or an object would crash the dict lookup in smolagents (TypeError)
+        if not isinstance(tool_name, str):
+            raise AgentToolExecutionError(f"Unknown tool {str(tool_name)[:40]}: a tool name is a string, one of: "
+                                          f"{', '.join(self.tools)}.", self.logger)
+        return super().execute_tool_call(tool_name, arguments)
+
+
+# ----------------------------------------------------------------------------- the models (policy and oracle)
+class ContextLimit(Exception):
+    """The prompt does not fit in the policy's positions: the episode ends as "context_limit"."""
+
+
+def plain_messages(messages):
+    """smolagents' messages -> [{"role", "content"}] strings, by smolagents' own conversion for text models:
+    tool-call -> assistant, tool-response -> user, consecutive messages of one role joined by a newline."""
+    clean = get_clean_message_list(messages, role_conversions=tool_role_conversions, flatten_messages_as_text=True)
+    return [{"role": MessageRole(m["role"]).value, "content": m["content"]} for m in clean]
+
+
+def cut_at_stop_sequences(text, stops):
+    """The text before the first stop sequence (what an API with `stop=` would return)."""
+    for stop in stops or []:
+        text = text.split(stop)[0]
+    return text
+
+
+class EpisodeModel(Model):
+    """A smolagents Model for one episode: messages -> our chat template -> reply(messages, prompt_ids).
+    Keeps what each call sent (`sent`) and the token-in/token-out model turns (`model_turns`, 04's schema)."""
+
+    def __init__(self, rollout, tok=None, positions=None, max_new_tokens=0, model_id="policy"):
+        super().__init__(model_id=model_id)
+        self.rollout, self.tok, self.positions, self.max_new_tokens = rollout, tok, positions, max_new_tokens
+        self.sent, self.model_turns, self.n_calls = [], [], 0
+
+    def generate(self, messages, stop_sequences=None, response_format=None, tools_to_call_from=None, **kwargs):
+        # tools_to_call_from is not rendered by the chat template: the tools reach the model through
+        # smolagents' system prompt, and the tool call comes back as text for smolagents' own parser.
+        msgs = plain_messages(messages)
+        ids = self.rollout.encode(self.tok, msgs) if self.tok is not None else None
+        if ids is not None and self.positions and len(ids) > self.positions - self.max_new_tokens:
+            raise ContextLimit(f"prompt of {len(ids)} tokens")
+        self.sent.append(msgs)
+        text, completion_ids, logprobs = self.reply(msgs, ids)
+        if completion_ids is not None:
+            self.model_turns.append({"prompt_ids": ids, "completion_ids": completion_ids, "logprobs": logprobs})
+        return ChatMessage(role=MessageRole.ASSISTANT, content=cut_at_stop_sequences(text, stop_sequences))
+
+    def reply(self, messages, prompt_ids):
+        """-> (text, completion ids or None, log-probs or None)."""
+        raise NotImplementedError
+
+    def parse_tool_calls(self, message):
+        """smolagents' own text parser (Model.parse_tool_calls); only the call ids, random uuid4s there, become
+        call_1, call_2, ... so that a seeded evaluation sees the same prompts when it is run again."""
+        message = super().parse_tool_calls(message)
+        for call in message.tool_calls:
+            self.n_calls += 1
+            call.id = f"call_{self.n_calls}"
+        return message
+
+
+class PolicyModel(EpisodeModel):
+    """Our policy through 04's backend: completion ids as sampled (cut at the first stop token), decoded
+    with skip_special_tokens. The text is then cut at smolagents' stop sequences; the ids are kept whole."""
+
+    def __init__(self, rollout, backend, tok, positions=None, max_new_tokens=0, turn_offset=0, model_id="policy"):
+        super().__init__(rollout, tok, positions, max_new_tokens, model_id)
+        self.backend, self.turn_offset = backend, turn_offset
+
+    def reply(self, messages, prompt_ids):
+        # turn index: distinct per (episode, step), so vLLM's per-request seeds differ between episodes
+        completion_ids, logprobs = self.backend.generate([prompt_ids], self.turn_offset + len(self.sent) - 1)[0]
+        return self.tok.decode(completion_ids, skip_special_tokens=True), completion_ids, logprobs
+
+
+def oracle_text(step):
+    """One solution step in the format smolagents' prompt teaches: `Action:` and a JSON blob; submit ->
+    final_answer."""
+    name, args = ("final_answer", step["args"]) if step["tool"] == "submit" else (step["tool"], step["args"])
+    return "Action:\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+
+
+class OracleModel(EpisodeModel):
+    """The scripted expert inside smolagents: the task's next solution step. With a tokenizer it records
+    token ids like 04's oracle (the text's ids and the reply-end token; no log-probs)."""
+
+    def __init__(self, rollout, task, tok=None):
+        super().__init__(rollout, tok, model_id="oracle")
+        self.solution = task.get("solution") or []
+
+    def reply(self, messages, prompt_ids):
+        text = oracle_text(self.solution[min(len(self.sent) - 1, len(self.solution) - 1)])
+        ids = self.tok.encode(text, add_special_tokens=False) + self.tok.stop_ids[:1] if self.tok is not None else None
+        return text, ids, None
+
+
+# ----------------------------------------------------------------------------- episodes
+def run_episode(rollout, task, model, ws, max_turns, meta, policy, temperature):
+    """One task inside smolagents with `model` (an EpisodeModel) over workspace `ws`; -> 04's record."""
+    agent = Agent(tools=make_tools(rollout, ws), model=model, max_steps=max_turns, verbosity_level=LogLevel.OFF)
+    finish_reason = "turn_budget"
+    try:
+        agent.run(task["request"])
+    except AgentGenerationError as e:  # an exception inside our Model.generate
+        if not isinstance(e.__cause__, ContextLimit):
+            raise
+        finish_reason = "context_limit"
+    steps = [s for s in agent.memory.steps if isinstance(s, ActionStep)]
+    if any(s.is_final_answer for s in steps):
+        finish_reason = "submitted"
+    errors = [s.error for s in steps if isinstance(s.error, AgentError) and not isinstance(s.error,
+                                                                                            AgentMaxStepsError)]
+    parse_errors = sum(isinstance(e, AgentParsingError) for e in errors)
+    reward = rollout.score(task["checker"], ws.files, ws.answer)
+    return {**meta, "task_id": task["task_id"], "family": task.get("family", "custom"), "harness_id": HARNESS_ID,
+            "policy": policy, "temperature": temperature, "reward": reward, "success": reward == 1.0,
+            "finish_reason": finish_reason, "turns": len(model.sent), "parse_errors": parse_errors,
+            "tool_errors": len(errors) - parse_errors, "workflow_violations": 0, "submitted_answer": ws.answer,
+            "transcript": plain_messages(agent.write_memory_to_messages()), "model_turns": model.model_turns,
+            "framework": FRAMEWORK}
+
+
+def run_smolagents_episodes(rollout, tasks, policy, backend, tok, max_turns, max_new_tokens, temperature,
+                            samples=1, progress=True, positions=None):
+    """Every task x `samples` inside smolagents, one episode after another; -> records in 04's eval schema
+    (iteration None, group_id "task|X-smolagents|eval") plus "framework". backend None = the oracle (tok
+    optional: it only records token ids); otherwise 04's HFBackend or VLLMBackend and the policy's tok."""
+    if max_turns < 1 or samples < 1:
+        raise rollout.InputError("smolagents harness: max_turns and samples must be >= 1")
+    if backend is None:
+        for task in tasks:
+            if not task.get("solution"):
+                raise rollout.InputError(f"task {task['task_id']!r}: the oracle needs a 'solution'")
+    elif tok is None:
+        raise rollout.InputError("smolagents harness: a policy backend needs the policy's tokenizer")
+    jobs = [(task, s) for task in tasks for s in range(samples)]
+    records = []
+    for index, (task, s) in enumerate(tqdm(jobs, desc="smolagents episodes", disable=not progress, leave=False)):
+        meta = {"episode_id": f"eval-{task['task_id']}-{HARNESS_ID}-s{s}", "iteration": None,
+                "group_id": f"{task['task_id']}|{HARNESS_ID}|eval", "sample_index": s}
+        model = (OracleModel(rollout, task, tok) if backend is None else
+                 PolicyModel(rollout, backend, tok, positions, max_new_tokens, turn_offset=index * max_turns,
+                             model_id=str(policy)))
+        records.append(run_episode(rollout, task, model, rollout.Workspace(task["files"]), max_turns, meta,
+                                   policy, temperature))
+    return records
