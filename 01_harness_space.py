@@ -38,18 +38,20 @@ COMPONENT_NAMES = {"S": "system prompt", "T": "tool interface", "O": "observatio
                    "C": "context management", "W": "workflow"}
 
 # ---------------------------------------------------------------------------------------
-# The realisations (the contract's 15). Placeholders in braces are filled by 04.
+# The realisations (the contract's 15). Placeholders in braces are filled by 04: {tool_docs}
+# (T's tools in T's syntax), {workflow_rules} (W.rules), {max_turns}, and {submit}, the name T gives
+# the submit tool (so no S realisation names a tool that some T renames: S stays independent of T).
 # ---------------------------------------------------------------------------------------
 S = [
     {"id": "S0", "desc": "base: role, tool docs, submit instruction, workflow rules",
      "template": "You are an agent in a small file workspace. Solve the user's task with the tools.\n"
-                 "{tool_docs}\nWhen you know the answer, call submit.\n{workflow_rules}"},
+                 "{tool_docs}\nWhen you know the answer, call {submit}.\n{workflow_rules}"},
     {"id": "S1", "desc": "terse, rules first, states the reply budget",
-     "template": "Rules: finish with submit; at most {max_turns} replies.\n{workflow_rules}\n"
+     "template": "Rules: finish with {submit}; at most {max_turns} replies.\n{workflow_rules}\n"
                  "Tools:\n{tool_docs}"},
     {"id": "S2", "desc": "structured markdown sections, rules last",
      "template": "# Role\nWorkspace assistant.\n# Tools\n{tool_docs}\n# Workflow\n{workflow_rules}\n"
-                 "# Rules\nAnswer only through the submit tool."},
+                 "# Rules\nAnswer only through the {submit} tool."},
 ]
 
 # tools: canonical tool -> {"name": name shown to the model, "args": {canonical arg: shown arg}}
@@ -110,7 +112,7 @@ W = [
      "plan_prefix": "Plan:", "budget_reminder": None, "verify_before_submit": False,
      "verify_marker": None},
     {"id": "W2", "desc": "verify-before-submit ('Checked:' line) + replies-left reminder",
-     "rules": "Put a line 'Checked: ...' in the reply that submits.", "plan_first": False,
+     "rules": "In the reply with the final answer, start a line with 'Checked: ...'.", "plan_first": False,
      "plan_prefix": None, "budget_reminder": "({left} replies left)", "verify_before_submit": True,
      "verify_marker": "Checked:"},
 ]

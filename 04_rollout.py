@@ -9,24 +9,27 @@
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external \
         --harness-file data/example_harness.json --out /tmp/oracle_external.jsonl
 
-Harness records, tasks and the rollout line format are documented in README.md. Out-of-space extras
-read here: S.placement "user" (no system message: the prompt, then S.task_prefix and the request, lead
-the first user message); T.syntax "shell" (```sh block; T.tools maps canonical tools to command words)
-or "react" (`Action: NAME` + `Action Input: {json}`, or T.final_answer (default `Final Answer:`) =
-submit); W.reply_marker (every reply needs a line starting with it). The built-in X-shell and X-react
-(`--harnesses external`) live in data/external_harnesses.json; data/example_harness.json is an example.
+Harness records, tasks and the rollout line format are documented in README.md. S.template and W.rules
+may use {tool_docs}, {workflow_rules}, {max_turns} and {submit} (the name T gives the submit tool).
+Out-of-space extras read here: S.placement "user" (no system message: the prompt, then S.task_prefix
+and the request, lead the first user message); T.syntax "shell" (```sh block; T.tools maps canonical
+tools to command words) or "react" (`Action: NAME` + `Action Input: {json}`, or T.final_answer
+(default `Final Answer:`) = submit); W.reply_marker (every reply needs a line starting with it). The
+built-in X-shell and X-react (`--harnesses external`) live in data/external_harnesses.json;
+data/example_harness.json is an example.
 
-Episode rules. One observation message per reply (the outputs of its calls joined by newlines, in
-O's template; W's budget reminder on a new line at its end). A reply without a parsable call, with a
-malformed call, or with more calls than T.max_calls_per_turn is a parse error (one per reply; the
-well-formed calls up to the limit still run). Unknown tools, bad arguments and failing tools are tool
-errors. A W1 first reply not starting with plan_prefix, a missing W.reply_marker line, and a submit
-without verify_marker are workflow violations (calls not run). Errors are observations in O's
-error_template; {tool} is the shown tool name, "parser" or "workflow". A run submit ends the episode;
-the turn budget ends it as "turn_budget"; a prompt longer than max positions - max new tokens ends it
-as "context_limit". Reward = the task's checker on the final workspace and the submitted answer,
-whatever the finish reason. Outputs: train -> DIR/iter_{t:03d}/rollouts.jsonl + 04_rollout_config.json;
-eval -> FILE + <stem>.04_rollout_config.json, lines with iteration null and group_id "task|harness|eval".
+Episode rules. One observation message per reply: its calls' outputs (each cut at O.max_chars) and its
+errors, joined by newlines in O's templates, W's budget reminder last. No parsable call, a malformed call
+or more calls than T.max_calls_per_turn is a parse error (one counted per reply; well-formed calls up to
+the limit still run; MAX_SHOWN parser messages are shown, then a count, so an observation is bounded
+whatever the reply). Unknown tools, bad arguments and failing tools (any exception inside a tool) are tool
+errors. A W1 first reply not starting with plan_prefix, a reply without a line starting with
+W.reply_marker, and a submit whose reply has no line starting with verify_marker are workflow violations
+(calls not run). Errors use O.error_template; {tool} is the shown tool name, "parser" or "workflow". A run
+submit ends the episode; the turn budget ends it as "turn_budget"; a prompt longer than max positions -
+max new tokens as "context_limit". Reward = the task's checker on the final workspace and the submitted
+answer, whatever the finish reason. Outputs: train -> DIR/iter_{t:03d}/rollouts.jsonl +
+04_rollout_config.json; eval -> FILE + <stem>.04_rollout_config.json (iteration null, group "task|harness|eval").
 """
 import argparse
 import ast
@@ -50,6 +53,7 @@ CANONICAL = {"list_files": [], "read_file": ["path"], "search": ["query"], "writ
 TOOL_HELP = {"list_files": "list all files", "read_file": "show a file", "search": "show lines that contain it",
              "write_file": "replace a file's text", "calculator": "do arithmetic", "submit": "give the final answer"}
 MAX_REPLY, MAX_ARG, MAX_FILE, MAX_FILES, MAX_PATH, MAX_ERR = 8000, 2000, 4000, 64, 64, 200
+MAX_SHOWN = 2  # parser messages shown per reply; the rest are counted in one line
 
 
 def parse_args(argv=None):
@@ -125,6 +129,11 @@ def seed_everything(seed):
 def fill(template, **values):
     """Replace {name} placeholders in one pass (text put in is never re-read, so braces in it are safe)."""
     return re.sub(r"\{(\w+)\}", lambda m: str(values[m[1]]) if m[1] in values else m[0], template)
+
+
+def has_line(text, prefix):
+    """Does a line of `text` start with `prefix` (leading spaces allowed)?"""
+    return any(line.lstrip().startswith(prefix) for line in text.splitlines())
 
 
 # ----------------------------------------------------------------------------- tasks and checkers
@@ -211,10 +220,10 @@ def calculate(expr):
             a, b = ev(node.left), ev(node.right)
             if isinstance(node.op, ast.Pow) and (abs(b) > 64 or abs(a) > 1e6):
                 raise ToolError("exponent or base too large")
-            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and b == 0:
-                raise ToolError("division by zero")
             try:
                 value = OPS[type(node.op)](a, b)
+            except ZeroDivisionError:  # x / 0, x % 0, and 0 ** -1
+                raise ToolError("division by zero")
             except (OverflowError, ValueError):
                 raise ToolError("number too large")
         else:
@@ -280,31 +289,30 @@ class Workspace:
 
 
 # ----------------------------------------------------------------------------- harness records
+# What 04 reads from a harness record (01 writes it): (component, field, type, allowed values or None).
+FIELDS = [("S", "template", str, None), ("T", "syntax", str, SYNTAXES), ("T", "tools", dict, None),
+          ("T", "max_calls_per_turn", int, None), ("O", "role", str, ("tool", "user")), ("O", "template", str, None),
+          ("O", "error_template", str, None), ("C", "mode", str, ("full", "window", "elide"))]
+
+
 def validate_harness(h, where):
     if not isinstance(h, dict) or not isinstance(h.get("harness_id"), str) or not h["harness_id"]:
         raise InputError(f"{where}: field 'harness_id' missing")
     specs = h.get("specs")
     if not isinstance(specs, dict) or any(not isinstance(specs.get(c), dict) for c in COMPONENTS):
         raise InputError(f"{where}: field 'specs' must hold objects S, T, O, C, W")
-    S, T, O, C, W = (specs[c] for c in COMPONENTS)
-    need = [(S, "S", "template", str), (T, "T", "syntax", str), (T, "T", "tools", dict), (O, "O", "role", str),
-            (O, "O", "template", str), (O, "O", "error_template", str), (C, "C", "mode", str)]
-    for spec, c, key, typ in need:
-        if not isinstance(spec.get(key), typ):
-            raise InputError(f"{where}: field 'specs.{c}.{key}' missing or not a {typ.__name__}")
-    if "submit" not in T["tools"] or not isinstance(T.get("max_calls_per_turn", 1), int) \
-            or T.get("max_calls_per_turn", 1) < 1:
-        raise InputError(f"{where}: field 'specs.T': needs a submit tool and an integer max_calls_per_turn >= 1")
-    if T["syntax"] not in SYNTAXES:
-        raise InputError(f"{where}: field 'specs.T.syntax': {T['syntax']!r} is not one of {SYNTAXES}")
-    for tool, t in T["tools"].items():
+    for c, key, typ, allowed in FIELDS:
+        value = specs[c].get(key, 1 if key == "max_calls_per_turn" else None)  # the one field with a default
+        if not isinstance(value, typ) or (allowed and value not in allowed) or (typ is int and value < 1):
+            want = f"one of {list(allowed)}" if allowed else f"a {typ.__name__}" + (" >= 1" if typ is int else "")
+            raise InputError(f"{where}: field 'specs.{c}.{key}': {clip(value, 40)!r} is not {want}")
+    tools = specs["T"]["tools"]
+    for tool, t in tools.items():
         if tool not in CANONICAL or not isinstance(t, dict) or not isinstance(t.get("name"), str) \
                 or set(t.get("args", {})) != set(CANONICAL[tool]):
             raise InputError(f"{where}: field 'specs.T.tools.{tool}': needs a canonical tool, a name, all its args")
-    if C["mode"] not in ("full", "window", "elide"):
-        raise InputError(f"{where}: field 'specs.C.mode': must be full, window or elide")
-    if O["role"] not in ("tool", "user"):
-        raise InputError(f"{where}: field 'specs.O.role': must be tool or user")
+    if "submit" not in tools:
+        raise InputError(f"{where}: field 'specs.T.tools': needs a submit tool")
     return h
 
 
@@ -385,9 +393,11 @@ def tool_docs(T):
 
 
 def initial_messages(h, task, max_turns):
+    """S's template with T's tool docs, W's rules, the turn budget and the name T gives the submit tool."""
     S, T, W = h["specs"]["S"], h["specs"]["T"], h["specs"]["W"]
-    text = fill(S["template"], tool_docs=tool_docs(T), workflow_rules=W.get("rules") or "",
-                max_turns=max_turns).strip()
+    names = dict(submit=T["tools"]["submit"]["name"], max_turns=max_turns)
+    text = fill(S["template"], tool_docs=tool_docs(T), workflow_rules=fill(W.get("rules") or "", **names),
+                **names).strip()
     if S.get("placement") == "user":
         return [{"role": "user", "content": text + "\n\n" + (S.get("task_prefix") or "") + task["request"]}]
     return [{"role": "system", "content": text}, {"role": "user", "content": task["request"]}]
@@ -420,93 +430,123 @@ def manage_context(C, messages, n_head):
 
 
 # ----------------------------------------------------------------------------- parsing replies (T)
+# Each parser: (T, reply) -> [("call", shown_name, {shown_arg: value}) or ("error", message)], in order of
+# appearance. Every scan moves forward through the reply, so parsing stays linear in its length.
+def parse_hermes(T, text):
+    items, pos = [], 0
+    while (start := text.find("<tool_call>", pos)) >= 0:
+        end = text.find("</tool_call>", start)
+        if end < 0:
+            return items + [("error", "unclosed <tool_call>")]
+        body, pos = text[start + len("<tool_call>"):end], end + len("</tool_call>")
+        try:
+            obj = json.loads(body)
+            args = obj.get("arguments", {})
+            args = json.loads(args) if isinstance(args, str) else args
+            assert isinstance(obj["name"], str) and isinstance(args, dict)
+            items.append(("call", obj["name"], args))
+        except Exception:
+            items.append(("error", 'a tool call must be {"name": ..., "arguments": {...}} in JSON'))
+    return items
+
+
+XML_NAME = re.compile(r"""\s+name\s*=\s*["']([^"'<>]*)["']\s*>""")  # after "<invoke" / "<parameter"
+XML_HELP = ('write <invoke name="TOOL"><parameter name="ARG">value</parameter></invoke>, each tag closed, '
+            "each argument once")
+
+
+def parse_xml(T, text):
+    items, pos, invoke = [], 0, re.compile(r"<invoke\b")
+    while m := invoke.search(text, pos):
+        end = text.find("</invoke>", m.end())
+        if end < 0:
+            return items + [("error", XML_HELP)]
+        pos, head = end + len("</invoke>"), XML_NAME.match(text, m.end(), end)
+        params, ok = {}, head is not None
+        for chunk in text[head.end():end].split("<parameter")[1:] if ok else []:  # each chunk read once
+            name, close = XML_NAME.match(chunk), chunk.find("</parameter>")
+            if not name or close < 0 or name[1] in params:
+                ok = False
+                break
+            value = chunk[name.end():close]
+            value = value[1:] if value.startswith("\n") else value  # a newline after the opening tag and one
+            params[name[1]] = value[:-1] if value.endswith("\n") else value  # before the closing tag are layout
+        items.append(("call", head[1], params) if ok else ("error", XML_HELP))
+    return items
+
+
+def parse_python(T, text):
+    items = []
+    for line in text.splitlines():
+        if not re.match(r"\s*[A-Za-z_]\w*\s*\(", line):
+            continue
+        try:
+            node = ast.parse(line.strip(), mode="eval").body
+            assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+            assert None not in args and all(type(v) in (str, int, float) for v in args.values())
+            items.append(("call", node.func.id, args))
+        except Exception:
+            items.append(("error", 'write one call per line as name(arg="text"), keyword arguments only'))
+    return items
+
+
+def parse_shell(T, text):
+    if text.count("```") % 2:
+        return [("error", "unclosed ``` block")]
+    words, items = {spec["name"]: tool for tool, spec in T["tools"].items()}, []
+    lines = [ln.strip() for block in re.findall(r"```[A-Za-z]*\n?(.*?)```", text, re.S) for ln in block.splitlines()]
+    for line in [ln for ln in lines if ln and not ln.startswith("#")]:
+        word, _, rest = line.partition(" ")
+        tool, rest = words.get(word), rest.strip()
+        names = T["tools"][tool]["args"] if tool else {}
+        if tool != "write_file" and re.search(r"[|;&`]|\$\(", line):
+            items.append(("error", "pipes, ';', '&' and substitutions are not supported"))
+        elif tool != "write_file":  # an unknown word -> no args -> "unknown tool" (a tool error)
+            items.append(("call", word, {names[a]: unquote(rest) for a in CANONICAL[tool]} if tool else {}))
+        else:
+            content, arrow, path = (x.strip() for x in rest.rpartition(">"))
+            try:
+                content = json.loads(content) if arrow and path and content.startswith('"') else content
+            except json.JSONDecodeError:
+                content = None
+            if not arrow or not path or " " in path:
+                items.append(("error", f"write files as: {word} TEXT > FILE"))
+            elif content is None:
+                items.append(("error", "bad quoted text"))
+            else:
+                items.append(("call", word, {names["path"]: path, names["content"]: unquote(content)}))
+    return items
+
+
+def parse_react(T, text):
+    final = T.get("final_answer", "Final Answer:")
+    answers = re.findall(r"^[ \t]*" + re.escape(final) + r"(.*)$", text, re.M)
+    actions = list(re.finditer(r"^[ \t]*Action:[ \t]*(.*)$", text, re.M))
+    if answers and actions:
+        return [("error", f"write either an Action or a {final} line, not both")]
+    if answers:
+        submit = T["tools"]["submit"]
+        return [("call", submit["name"], {submit["args"]["answer"]: answers[0].strip()})]
+    items, action_input = [], re.compile(r"[ \t]*\n[ \t]*Action Input:[ \t]*")
+    for m in actions:
+        try:
+            args, _ = json.JSONDecoder().raw_decode(text, action_input.match(text, m.end()).end())
+            assert isinstance(args, dict)
+            items.append(("call", m[1].strip(), args))
+        except Exception:
+            items.append(("error", "after 'Action: TOOL' write 'Action Input: {JSON object}'"))
+    return items
+
+
+PARSERS = {"hermes_json": parse_hermes, "xml_invoke": parse_xml, "python_call": parse_python, "shell": parse_shell,
+           "react": parse_react}  # T.syntax -> parser (SYNTAXES lists the same names)
+
+
 def parse_reply(T, text):
-    """-> list of ("call", shown_name, {shown_arg: value}) or ("error", message), in order of appearance."""
     if len(text) > MAX_REPLY:
         return [("error", f"reply too long ({MAX_REPLY} chars max)")]
-    syntax, items = T["syntax"], []
-    if syntax == "hermes_json":
-        for start in [m.end() for m in re.finditer(r"<tool_call>", text)]:
-            end = text.find("</tool_call>", start)
-            if end < 0:
-                items.append(("error", "unclosed <tool_call>"))
-                break
-            try:
-                obj = json.loads(text[start:end])
-                args = obj.get("arguments", {})
-                args = json.loads(args) if isinstance(args, str) else args
-                assert isinstance(obj["name"], str) and isinstance(args, dict)
-                items.append(("call", obj["name"], args))
-            except Exception:
-                items.append(("error", 'a tool call must be {"name": ..., "arguments": {...}} in JSON'))
-    elif syntax == "xml_invoke":
-        for m in re.finditer(r"<invoke\b", text):
-            end = text.find("</invoke>", m.start())
-            head = re.match(r"""<invoke\s+name\s*=\s*["']([^"'<>]*)["']\s*>""", text[m.start():max(end, 0)])
-            body = text[m.start() + head.end():end] if end >= 0 and head else ""
-            params = re.findall(r"""<parameter\s+name\s*=\s*["']([^"'<>]*)["']\s*>\n?(.*?)\n?</parameter>""",
-                                body, re.S)
-            if end < 0 or not head or len(params) != body.count("<parameter") or len(dict(params)) < len(params):
-                items.append(("error", 'write <invoke name="TOOL"><parameter name="ARG">value</parameter></invoke>, '
-                                       "each tag closed, each argument once"))
-                continue
-            items.append(("call", head[1], dict(params)))
-    elif syntax == "python_call":
-        for line in text.splitlines():
-            if not re.match(r"\s*[A-Za-z_]\w*\s*\(", line):
-                continue
-            try:
-                node = ast.parse(line.strip(), mode="eval").body
-                assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
-                args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-                assert None not in args and all(type(v) in (str, int, float) for v in args.values())
-                items.append(("call", node.func.id, args))
-            except Exception:
-                items.append(("error", 'write one call per line as name(arg="text"), keyword arguments only'))
-    elif syntax == "shell":
-        if text.count("```") % 2:
-            return [("error", "unclosed ``` block")]
-        words = {spec["name"]: tool for tool, spec in T["tools"].items()}
-        blocks = re.findall(r"```[A-Za-z]*\n?(.*?)```", text, re.S)
-        lines = [ln.strip() for block in blocks for ln in block.splitlines()]
-        for line in [ln for ln in lines if ln and not ln.startswith("#")]:
-            word, _, rest = line.partition(" ")
-            tool, rest = words.get(word), rest.strip()
-            names = T["tools"][tool]["args"] if tool else {}
-            if tool != "write_file" and re.search(r"[|;&`]|\$\(", line):
-                items.append(("error", "pipes, ';', '&' and substitutions are not supported"))
-            elif tool != "write_file":  # an unknown word -> no args -> "unknown tool" (a tool error)
-                items.append(("call", word, {names[a]: unquote(rest) for a in CANONICAL[tool]} if tool else {}))
-            else:
-                content, arrow, path = (x.strip() for x in rest.rpartition(">"))
-                try:
-                    content = json.loads(content) if arrow and path and content.startswith('"') else content
-                except json.JSONDecodeError:
-                    content = None
-                if not arrow or not path or " " in path:
-                    items.append(("error", f"write files as: {word} TEXT > FILE"))
-                elif content is None:
-                    items.append(("error", "bad quoted text"))
-                else:
-                    items.append(("call", word, {names["path"]: path, names["content"]: unquote(content)}))
-    else:  # react
-        final = T.get("final_answer", "Final Answer:")
-        answers = re.findall(r"^[ \t]*" + re.escape(final) + r"(.*)$", text, re.M)
-        actions = list(re.finditer(r"^[ \t]*Action:[ \t]*(.*)$", text, re.M))
-        if answers and actions:
-            return [("error", f"write either an Action or a {final} line, not both")]
-        if answers:
-            submit = T["tools"]["submit"]
-            return [("call", submit["name"], {submit["args"]["answer"]: answers[0].strip()})]
-        for m in actions:
-            rest = re.match(r"[ \t]*\n[ \t]*Action Input:[ \t]*", text[m.end():])
-            try:
-                args, _ = json.JSONDecoder().raw_decode(text[m.end() + rest.end():])
-                assert isinstance(args, dict)
-                items.append(("call", m[1].strip(), args))
-            except Exception:
-                items.append(("error", "after 'Action: TOOL' write 'Action Input: {JSON object}'"))
-    return items
+    return PARSERS[T["syntax"]](T, text)
 
 
 def unquote(s):
@@ -570,44 +610,42 @@ class Episode:
         self.turns += 1
         self.messages.append({"role": "assistant", "content": reply})
         W, T, O = self.W, self.T, self.O
-        parts, parse_failed = [], False
-        plan, marker = W.get("plan_prefix") or "Plan:", W.get("reply_marker")
+        parts, parser_errors, calls, limit = [], [], 0, T.get("max_calls_per_turn", 1)
+        plan, marker, verify = W.get("plan_prefix") or "Plan:", W.get("reply_marker"), W.get("verify_marker") or ""
         if W.get("plan_first") and self.turns == 1 and not reply.lstrip().startswith(plan):
             parts.append(self.violation(f"your first reply must start with '{plan}'; nothing was run"))
-        elif marker and not any(line.strip().startswith(marker) for line in reply.splitlines()):
+        elif marker and not has_line(reply, marker):
             parts.append(self.violation(f"every reply needs a line starting with '{marker}'; nothing was run"))
-        else:
-            items = parse_reply(T, reply) or [("error", "no tool call found")]
-            calls = 0
-            for item in items:
-                if item[0] == "error":
-                    parse_failed = True
-                    parts.append(format_error(O, "parser", item[1]))
-                    continue
-                calls += 1
-                if calls > T.get("max_calls_per_turn", 1):
-                    parse_failed = True
-                    parts.append(format_error(O, "parser", f"at most {T.get('max_calls_per_turn', 1)} calls per "
-                                                           "reply; the rest were not run"))
+        for item in [] if parts else parse_reply(T, reply) or [("error", "no tool call found")]:
+            calls += item[0] == "call"
+            if item[0] == "error" or calls > limit:
+                parser_errors.append(item[1] if item[0] == "error" else
+                                     f"at most {limit} calls per reply; the rest were not run")
+                if len(parser_errors) <= MAX_SHOWN:  # the rest are counted below: the observation stays bounded
+                    parts.append(format_error(O, "parser", parser_errors[-1]))
+                if calls > limit:
                     break
-                name = item[1]
-                try:
-                    tool, args = to_canonical(T, name, item[2])
-                    verify = W.get("verify_marker") or ""
-                    if tool == "submit" and W.get("verify_before_submit") and verify not in reply:
-                        parts.append(self.violation(f"submit refused: put a line '{W.get('verify_marker')} ...' "
-                                                    "in the reply that submits"))
-                        continue
-                    output = self.ws.call(tool, args)
-                except ToolError as e:
-                    self.tool_errors += 1
-                    parts.append(format_error(O, name, str(e)))
+                continue
+            name = item[1]
+            try:
+                tool, args = to_canonical(T, name, item[2])
+                if tool == "submit" and W.get("verify_before_submit") and not has_line(reply, verify):
+                    parts.append(self.violation(f"{name} refused: the reply that calls it needs a line starting "
+                                                f"with '{verify}'"))
                     continue
-                if tool == "submit":
-                    self.parse_errors += parse_failed
-                    return self.finish("submitted")
-                parts.append(format_output(O, name, output))
-        self.parse_errors += parse_failed
+                output = self.ws.call(tool, args)
+            except Exception as e:  # a ToolError, or anything unexpected inside a tool: an observation, not a crash
+                self.tool_errors += 1
+                parts.append(format_error(O, name, str(e) if isinstance(e, ToolError) else
+                                          f"the tool failed ({type(e).__name__})"))
+                continue
+            if tool == "submit":
+                self.parse_errors += bool(parser_errors)
+                return self.finish("submitted")
+            parts.append(format_output(O, name, output))
+        if len(parser_errors) > MAX_SHOWN:
+            parts.append(format_error(O, "parser", f"{len(parser_errors) - MAX_SHOWN} more parse errors not shown"))
+        self.parse_errors += bool(parser_errors)
         observation = "\n".join(parts)
         if W.get("budget_reminder"):
             observation += "\n" + fill(W["budget_reminder"], left=self.max_turns - self.turns)
@@ -624,11 +662,22 @@ class Episode:
                 "transcript": self.messages, "model_turns": self.model_turns}
 
 
+def oracle_notes(task, k):
+    """What the oracle has written down before solution step k: each line, of a file read at a step before k,
+    that holds a number a step after k uses (e.g. the terms of a sum). Restated in every reply until the
+    step that needs them, so a window or an elided observation never hides a value the oracle then uses."""
+    solution = task["solution"]
+    later = set(re.findall(r"\d+", " ".join(v for s in solution[k + 1:] for v in s["args"].values())))
+    return [f"{s['args']['path']} {line.strip()}" for s in solution[:k] if s["tool"] == "read_file"
+            for line in task["files"].get(s["args"]["path"], "").splitlines() if later & set(re.findall(r"\d+", line))]
+
+
 def oracle_reply(ep):
-    """The scripted expert: the task's next solution call in this harness's syntax, satisfying its workflow."""
+    """The scripted expert: the task's next solution call in this harness's syntax, satisfying its workflow,
+    after a 'Notes:' line with the values it will still need (see oracle_notes)."""
     solution = ep.task.get("solution") or []
-    step = solution[min(ep.turns, len(solution) - 1)]
-    T, W = ep.T, ep.W
+    k = min(ep.turns, len(solution) - 1)
+    step, T, W = solution[k], ep.T, ep.W
     lines = []
     if W.get("plan_first") and ep.turns == 0:
         names = ", ".join(T["tools"][s["tool"]]["name"] for s in solution)
@@ -636,6 +685,9 @@ def oracle_reply(ep):
     if W.get("reply_marker"):
         lines.append(f"{W['reply_marker']} " + ("I know the answer." if step["tool"] == "submit" else
                                                 f"I will use {T['tools'][step['tool']]['name']}."))
+    notes = oracle_notes(ep.task, k)
+    if notes:
+        lines.append("Notes: " + "; ".join(notes) + ".")
     if step["tool"] == "submit" and W.get("verify_before_submit"):
         lines.append(f"{W.get('verify_marker')} {step['args']['answer']}")
     return "\n".join(lines + [render_call(T, step["tool"], step["args"])])
@@ -862,22 +914,15 @@ def eval_jobs(args, tasks):
 
 # ----------------------------------------------------------------------------- main
 def summarize(records):
-    """Mean reward / success / parse errors / turns per harness (first 20), overall, per family."""
-    by = {}
+    """A short summary (06 makes the tables): means over all episodes, then success per family."""
+    mean = {f: sum(float(r[f]) for r in records) / len(records) for f in ("reward", "success", "parse_errors", "turns")}
+    by_family = {}
     for r in records:
-        by.setdefault(r["harness_id"], []).append(r)
-    print(f"{'harness':<24}{'episodes':>9}{'reward':>8}{'success':>8}{'parse_err':>10}{'turns':>7}")
-    for key, rs in [(k, by[k]) for k in sorted(by)[:20]] + [("all", records)]:
-        mean = {f: sum(float(r[f]) for r in rs) / len(rs) for f in ("reward", "success", "parse_errors", "turns")}
-        more = f"   ({len(by) - 20} more harnesses not shown)" if key == "all" and len(by) > 20 else ""
-        print(f"{key:<24}{len(rs):>9}{mean['reward']:>8.3f}{mean['success']:>8.3f}{mean['parse_errors']:>10.2f}"
-              f"{mean['turns']:>7.2f}{more}")
-    for field in ("family", "finish_reason"):
-        counts = {}
-        for r in records:
-            counts.setdefault(r[field], []).append(r["success"])
-        print(f"success by {field}: " + "  ".join(f"{k}={sum(v) / len(v):.2f} (n={len(v)})"
-                                                  for k, v in sorted(counts.items())))
+        by_family.setdefault(r["family"], []).append(r["success"])
+    print(f"{len(records)} episodes, {len({r['harness_id'] for r in records})} harnesses: reward {mean['reward']:.3f}, "
+          f"success {mean['success']:.3f}, parse errors/episode {mean['parse_errors']:.2f}, turns {mean['turns']:.2f}")
+    print("success by family: " + "  ".join(f"{k}={sum(v) / len(v):.2f} (n={len(v)})"
+                                            for k, v in sorted(by_family.items())))
 
 
 def run_stage(args):

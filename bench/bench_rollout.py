@@ -75,7 +75,8 @@ def main():
                                                               max_new_tokens=args.max_new_tokens))
     R.seed_everything(args.seed)
     spread = [jobs[(i * 7919) % len(jobs)] for i in range(args.episodes)]  # many harnesses and tasks
-    backend.generate([R.encode(tok, R.Episode(*spread[0], args.max_turns).context())], 0)  # warm-up
+    task, harness, meta = spread[0]
+    backend.generate([R.encode(tok, R.Episode(task, harness, args.max_turns, meta).context())], 0)  # warm-up
     backend.gen_seconds = 0.0
     start = time.perf_counter()
     records = R.run_episodes(spread, str(model), backend, tok, args.max_turns, args.max_new_tokens,

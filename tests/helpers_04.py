@@ -8,10 +8,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 S_TEMPLATES = [
     "You are an agent in a small file workspace. Solve the user's task with the tools.\n{tool_docs}\n"
-    "When you know the answer, call submit.\n{workflow_rules}",
-    "Rules: finish with submit; at most {max_turns} replies.\n{workflow_rules}\nTools:\n{tool_docs}",
+    "When you know the answer, call {submit}.\n{workflow_rules}",
+    "Rules: finish with {submit}; at most {max_turns} replies.\n{workflow_rules}\nTools:\n{tool_docs}",
     "# Role\nWorkspace assistant.\n# Tools\n{tool_docs}\n# Workflow\n{workflow_rules}\n# Rules\n"
-    "Answer only through the submit tool.",
+    "Answer only through the {submit} tool.",
 ]
 T_RENAMES = [
     ("hermes_json", 1, {"list_files": ("list_files", {}), "read_file": ("read_file", {"path": "path"}),
@@ -45,7 +45,8 @@ W_SPECS = [
      "verify_marker": None},
     {"rules": "Start your first reply with a line 'Plan: ...'.", "plan_first": True, "plan_prefix": "Plan:",
      "budget_reminder": None, "verify_before_submit": False, "verify_marker": None},
-    {"rules": "Put a line 'Checked: ...' in the reply that submits.", "plan_first": False, "plan_prefix": None,
+    {"rules": "In the reply with the final answer, start a line with 'Checked: ...'.", "plan_first": False,
+     "plan_prefix": None,
      "budget_reminder": "({left} replies left)", "verify_before_submit": True, "verify_marker": "Checked:"},
 ]
 

@@ -2,6 +2,7 @@
 import itertools
 import json
 import random
+import re
 
 import pytest
 
@@ -60,9 +61,16 @@ def test_realisations_follow_the_contract(run01):
             assert spec["id"] == f"{c}{i}" and spec["desc"] and "\n" not in spec["desc"]
     s = comps["S"]
     assert s[0]["template"] == ("You are an agent in a small file workspace. Solve the user's task with the tools.\n"
-                                "{tool_docs}\nWhen you know the answer, call submit.\n{workflow_rules}")
-    assert s[1]["template"] == "Rules: finish with submit; at most {max_turns} replies.\n{workflow_rules}\nTools:\n{tool_docs}"
+                                "{tool_docs}\nWhen you know the answer, call {submit}.\n{workflow_rules}")
+    assert s[1]["template"] == "Rules: finish with {submit}; at most {max_turns} replies.\n{workflow_rules}\nTools:\n{tool_docs}"
     assert s[2]["template"].startswith("# Role\nWorkspace assistant.\n# Tools\n{tool_docs}\n# Workflow")
+    # S is independent of T: the submit tool is named through the {submit} placeholder (04 fills in T's name),
+    # never by a name that some T realisation gives a tool
+    tool_names = {tool["name"] for x in comps["T"] for tool in x["tools"].values()}
+    for x in s + comps["W"]:
+        text = x.get("template") or x.get("rules") or ""
+        assert x["id"][0] == "W" or "{submit}" in text
+        assert not [n for n in tool_names if re.search(rf"\b{n}\b", text.replace("{submit}", ""))], x["id"]
     t = comps["T"]
     assert [x["syntax"] for x in t] == ["hermes_json", "xml_invoke", "python_call"]
     assert [x["max_calls_per_turn"] for x in t] == [1, 1, 3]

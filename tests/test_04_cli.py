@@ -2,6 +2,7 @@
 end to end with a tiny random model, log-probs, the context limit, and bad input."""
 import argparse
 import json
+import re
 
 import pytest
 from conftest import load_stage, run_stage
@@ -137,7 +138,7 @@ def test_hf_backend_end_to_end_train_and_eval(tmp_path, tiny, tok):
     proc = run_stage("04_rollout.py", "--run", tmp_path, "--iteration", 1, "--policy", tmp_path / "init_policy",
                      "--tasks", tmp_path / "tasks.jsonl", "--group-size", 2, "--tasks-per-iteration", 2,
                      "--max-turns", 2, "--max-new-tokens", 12, "--temperature", 1.0)
-    assert "S2-T1-O2-C2-W1" in proc.stdout and "reward" in proc.stdout
+    assert "4 episodes, 1 harnesses: reward" in proc.stdout and "success by family:" in proc.stdout
     records = [json.loads(x) for x in (tmp_path / "iter_001" / "rollouts.jsonl").read_text().splitlines()]
     assert len(records) == 4 and {r["harness_id"] for r in records} == {"S2-T1-O2-C2-W1"}
     assert all(r["policy"] == str(tmp_path / "init_policy") and r["turns"] == 2 for r in records)
@@ -265,6 +266,17 @@ def tiny05(tmp_path_factory):
     out = tmp_path_factory.mktemp("t05") / "tiny"
     run_stage("05_train.py", "--init-tiny", "--out", out, "--corpus", H.ROOT / "data" / "train_tasks.jsonl")
     return out
+
+
+def test_task_entities_are_single_tokens_of_the_stage05_tiny_tokenizer(tiny05):
+    """The toy can copy a file name, key, animal or value only if it is one token: 05 --init-tiny's tokenizer,
+    trained on the training tasks, makes every entity of every default task (train and test) one token."""
+    tok05 = R.load_tokenizer(tiny05)
+    entities = {w for t in H.read_tasks() + H.read_tasks("test_tasks.jsonl") for text in t["files"].values()
+                for w in re.findall(r"[a-z]+|\d+", text)}
+    assert len(entities) > 100
+    several = [w for w in sorted(entities) if len(tok05.encode(w, add_special_tokens=False)) != 1]
+    assert not several, several[:10]
 
 
 def test_works_with_the_stage05_tiny_model(tmp_path, tiny05):

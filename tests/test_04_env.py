@@ -1,5 +1,6 @@
 """Stage 04: tools, calculator, paths, checkers, parsers, hostile replies, workflow, observations, context."""
 import copy
+import re
 import json
 import os
 import time
@@ -32,7 +33,8 @@ def test_calculator_values(expr, expected):
 @pytest.mark.parametrize("expr", ["9**9**9", "__import__('os').system('touch pwned')", "open('x')", "(1).__class__",
                                   "[1]*10**9", "'a'*10", "1e308*10", "10**16", "1/0", "5 % 0", "True+1", "x",
                                   "lambda: 1", "1 if 1 else 2", "(" * 300 + ")" * 300, "9" * 250, "١+١", "",
-                                  "1e999", "(-8)**0.5", "2**-9999999", "10**400", "1;2", "a=1"])
+                                  "1e999", "(-8)**0.5", "2**-9999999", "10**400", "1;2", "a=1", "0**-1", "0.0**-2",
+                                  "(1-1)**-3"])
 def test_calculator_refuses_abuse(expr):
     with pytest.raises(R.ToolError):
         R.calculate(expr)
@@ -202,8 +204,8 @@ def test_w2_verify_before_submit_and_budget_reminder():
     submit = '<tool_call>{"name": "submit", "arguments": {"answer": "417"}}</tool_call>'
     ep.step(submit)
     assert ep.finish_reason is None and ep.workflow_violations == 1
-    assert ep.messages[-1] == {"role": "user", "content": "!! workflow failed: submit refused: put a line "
-                               "'Checked: ...' in the reply that submits\n(4 replies left)"}
+    assert ep.messages[-1] == {"role": "user", "content": "!! workflow failed: submit refused: the reply that calls "
+                               "it needs a line starting with 'Checked:'\n(4 replies left)"}
     ep.step('<tool_call>{"name": "read_file", "arguments": {"path": "stone.txt"}}</tool_call>')
     assert ep.messages[-1]["content"] == "[read_file] code: 58\n(3 replies left)"
     ep.step("Checked: the file says 417\n" + submit)
@@ -303,3 +305,132 @@ def test_builtin_external_harnesses_come_from_the_data_file():
     assert R.EXTERNAL_HARNESSES == R.load_harness_file(path) == json.loads(path.read_text())
     assert all(h["external"] and h["levels"] is None for h in R.EXTERNAL_HARNESSES)
     assert [h["specs"]["T"]["syntax"] for h in R.EXTERNAL_HARNESSES] == ["shell", "react"]
+
+
+# ----------------------------------------------------------------------------- issue 10: defects that must stay fixed
+@pytest.mark.parametrize("hid,reply", [
+    ("S0-T0-O0-C0-W0", '<tool_call>{"name": "calculator", "arguments": {"expression": "0**-1"}}</tool_call>'),
+    ("S0-T1-O1-C0-W0", '<invoke name="calc"><parameter name="expr">0.0 ** -2</parameter></invoke>'),
+    ("S0-T2-O2-C0-W0", 'compute(formula="(5-5)**-1")\ncompute(formula="2+2")'),
+    ("X-shell", "```sh\ncalc 0**-1\n```"),
+])
+def test_zero_to_a_negative_power_is_an_error_observation_not_a_crash(hid, reply):
+    ep = episode(hid)
+    ep.step(reply)  # raised ZeroDivisionError out of Episode.step before the fix
+    O = (SPACE.get(hid) or EXT[hid])["specs"]["O"]
+    assert ep.tool_errors == 1 and ep.finish_reason is None
+    name = (SPACE.get(hid) or EXT[hid])["specs"]["T"]["tools"]["calculator"]["name"]
+    assert ep.messages[-1]["content"].startswith(R.fill(O["error_template"], tool=name, error="division by zero"))
+    if hid.startswith("S0-T2"):  # the next call of the reply still runs
+        assert ep.messages[-1]["content"].split("\n")[1] == "[compute] 4"
+
+
+@pytest.mark.parametrize("hid", HOSTILE_HARNESSES + ["S2-T2-O1-C2-W2"])
+def test_any_unexpected_exception_inside_a_tool_becomes_an_error_observation(hid, monkeypatch):
+    def broken(self, tool, args):
+        raise {"read_file": KeyError, "calculator": RecursionError}.get(tool, RuntimeError)("boom")
+
+    monkeypatch.setattr(R.Workspace, "call", broken)
+    h = SPACE.get(hid) or EXT[hid]
+    for tool, args in (("read_file", {"path": "river.txt"}), ("calculator", {"expression": "1+1"}),
+                       ("list_files", {})):
+        ep = episode(hid)
+        reply = R.render_call(h["specs"]["T"], tool, args)
+        ep.step(("Thought: go\n" if hid == "X-react" else "") + reply)  # must not raise
+        err = h["specs"]["O"]["error_template"]
+        assert ep.tool_errors == 1 and ep.finish_reason is None and ep.turns == 1
+        assert ep.messages[-1]["content"].startswith(err.split("{")[0]) and "the tool failed" in ep.messages[-1][
+            "content"], ep.messages[-1]
+
+
+def many_malformed(hid, n):
+    """A reply with n malformed calls in the harness's own syntax (each line/tag a separate error)."""
+    syntax = (SPACE.get(hid) or EXT[hid])["specs"]["T"]["syntax"]
+    one = {"hermes_json": "<tool_call>{x}</tool_call>\n", "xml_invoke": "<invoke name=1></invoke>\n",
+           "python_call": "a(\n", "shell": "```sh\necho x\n```\n", "react": "Action: a\nAction Input: no\n"}[syntax]
+    return ("Thought: go\n" if hid == "X-react" else "") + one * n
+
+
+def observation_bound(h):
+    """What an observation may hold, from the harness spec alone: each allowed call's output cut at O.max_chars
+    (plus its template and truncation marker, 100 chars), at most 3 parser lines (2 + the count line, each an
+    error clipped to 200 chars + its template) and the budget reminder."""
+    O, T = h["specs"]["O"], h["specs"]["T"]
+    return T["max_calls_per_turn"] * (O["max_chars"] + 100) + 3 * (203 + len(O["error_template"]) + 40) + 40
+
+
+@pytest.mark.parametrize("hid", ["S0-T0-O2-C0-W0", "S0-T1-O2-C0-W2", "S0-T2-O2-C0-W0", "S1-T2-O1-C1-W2", "X-shell",
+                                 "X-react"])
+def test_observations_are_bounded_whatever_the_reply(hid):
+    h = SPACE.get(hid) or EXT[hid]
+    if hid == "S0-T2-O2-C0-W0":  # the issue's case: a 1,200-character reply of `a(` lines gave 34,399 chars
+        reply = "a(\n" * 400
+        assert len(reply) == 1200
+        ep = episode(hid)
+        ep.step(reply)
+        obs = ep.messages[-1]["content"]
+        assert obs.split("\n") == ['!! parser failed: write one call per line as name(arg="text"), keyword arguments only'
+                                   ] * 2 + ["!! parser failed: 398 more parse errors not shown"]
+        assert ep.parse_errors == 1
+    long_file = dict(TASK, files={**TASK["files"], "long.txt": "tags: river stone\n" * 200})
+    reads = R.render_call(h["specs"]["T"], "read_file", {"path": "long.txt"})
+    replies = [many_malformed(hid, n) for n in (1, 3, 50, 400)] + HOSTILE + [
+        (reads + "\n") * 10 + many_malformed(hid, 100), many_malformed(hid, 100) + (reads + "\n") * 10]
+    for reply in replies:
+        ep = episode(hid, task=long_file)
+        ep.step(("Thought: go\n" if hid == "X-react" and not reply.startswith("Thought") else "") + reply[:7990])
+        assert len(ep.messages[-1]["content"]) <= observation_bound(h), (reply[:60], len(ep.messages[-1]["content"]))
+
+
+def test_checked_must_be_a_line_that_starts_with_the_marker():
+    submit = '<tool_call>{"name": "submit", "arguments": {"answer": "417"}}</tool_call>'
+    for reply in ("I Checked: 417\n" + submit, "Checked 417\n" + submit, submit + " Checked: 417",
+                  "see 'Checked: 417'\n" + submit):
+        ep = episode("S0-T0-O0-C0-W2")
+        ep.step(reply)  # the old rule accepted "Checked:" anywhere in the reply
+        assert ep.finish_reason is None and ep.workflow_violations == 1, reply
+    for reply in ("Checked: 417\n" + submit, "Plan done.\n  Checked: the file says 417\n" + submit):
+        ep = episode("S0-T0-O0-C0-W2")
+        ep.step(reply)
+        assert ep.finish_reason == "submitted" and ep.workflow_violations == 0 and ep.reward == 1.0, reply
+
+
+def test_xml_parsing_of_a_hostile_8000_char_reply_is_fast():
+    """Many opened, never closed <parameter> tags: the old regex rescanned the rest of the reply from each one
+    (~35 ms, quadratic); a forward scan takes well under a millisecond."""
+    T = SPACE["S0-T1-O0-C0-W0"]["specs"]["T"]
+    hostile = ['<invoke name="open">' + '<parameter name="file">x\n' * 300 + "</invoke>",
+               '<invoke name="open">' + "<parameter name='f'>" * 390 + "</invoke>",
+               '<invoke name="open">' * 390 + "</invoke>", ('<invoke name="a"><parameter name="b">' * 230)[:7999]]
+    for reply in hostile:
+        assert 7000 < len(reply) <= R.MAX_REPLY
+        best = min(timed(R.parse_reply, T, reply) for _ in range(5))
+        assert best < 0.005, (reply[:40], best)
+        assert len(R.parse_reply(T, reply)) == 1  # one <invoke> element (nested opening tags are its text)
+    # and a valid call is still read exactly
+    (item,) = R.parse_reply(T, '<invoke name="save"><parameter name="file">\na.txt\n</parameter>'
+                               '<parameter name="text">\n\nx: 1\n\n</parameter></invoke>')
+    assert item == ("call", "save", {"file": "a.txt", "text": "\nx: 1\n"})
+
+
+def timed(f, *args):
+    start = time.perf_counter()
+    f(*args)
+    return time.perf_counter() - start
+
+
+def test_system_prompt_names_the_submit_tool_of_its_T_and_no_other():
+    """S is independent of T: over all 243 configurations (the independent copy in helpers_04) and the
+    out-of-space harnesses, the prompt names T's submit tool and never another T's."""
+    names = {h["specs"]["T"]["tools"]["submit"]["name"] for h in list(SPACE.values()) + list(EXT.values())}
+    assert names == {"submit", "final_answer", "done", "Final Answer"}
+    example = R.load_harness_file(H.ROOT / "data" / "example_harness.json")
+    for h in list(SPACE.values()) + list(EXT.values()) + example:
+        prompt = R.Episode(copy.deepcopy(TASK), h, 6, {}).messages[0]["content"]
+        own = h["specs"]["T"]["tools"]["submit"]["name"]
+        assert "{submit}" not in prompt and re.search(r"(?<![\w.])" + re.escape(own) + r"\b", prompt), h["harness_id"]
+        if h["harness_id"].startswith("S"):  # the S templates all ask for the submit tool in their own words
+            text = prompt.split(R.tool_docs(h["specs"]["T"]))
+            assert any(re.search(r"\b" + re.escape(own) + r"\b", part) for part in text), h["harness_id"]
+        for other in names - {own, "Final Answer"}:
+            assert not re.search(r"\b" + other + r"\b", prompt), (h["harness_id"], other)
