@@ -8,6 +8,8 @@
         --out runs/toy/eval/heldout.jsonl
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external \
         --harness-file data/example_harness.json --out /tmp/oracle_external.jsonl
+    # a real agent framework as the black box: smolagents' ToolCallingAgent (smolagents_harness.py)
+    python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses smolagents --out /tmp/smol.jsonl
 
 Harness records, tasks and the rollout line format are documented in README.md. S.template and W.rules
 may use {tool_docs}, {workflow_rules}, {max_turns} and {submit} (the name T gives the submit tool).
@@ -68,7 +70,7 @@ def parse_args(argv=None):
                    help="tasks JSONL (default: data/train_tasks.jsonl in train mode, data/test_tasks.jsonl in eval)")
     p.add_argument("--group-size", type=int, default=4, help="train: samples per (task, harness) = GRPO group")
     p.add_argument("--tasks-per-iteration", type=int, default=32, help="train: tasks per iteration B (0 = all)")
-    p.add_argument("--harnesses", default=None, help="eval: base|train|heldout|heldout:N|all|external|id,id,...")
+    p.add_argument("--harnesses", default=None, help="eval: base|train|heldout|heldout:N|all|external|smolagents|id,id,...")
     p.add_argument("--harness-file", action="append", default=[], help="extra harness JSON/JSONL (repeatable)")
     p.add_argument("--samples", type=int, default=1, help="eval: samples per (task, harness)")
     p.add_argument("--out", default=None, help="eval: output rollouts JSONL")
@@ -912,6 +914,18 @@ def eval_jobs(args, tasks):
     return jobs, Path(args.out)
 
 
+def load_smolagents():
+    """The smolagents bridge (smolagents_harness.py beside this file), imported only when asked for."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("smolagents_harness", HERE / "smolagents_harness.py")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as e:
+        raise InputError(f"--harnesses smolagents: {e} (pip install 'smolagents>=1.20,<1.27')")
+    return module
+
+
 # ----------------------------------------------------------------------------- main
 def summarize(records):
     """A short summary (06 makes the tables): means over all episodes, then success per family."""
@@ -936,8 +950,13 @@ def run_stage(args):
         raise InputError("eval mode needs --policy, --harnesses SPEC and --out FILE")
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
-    jobs, out = eval_jobs(args, tasks) if args.eval else train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
-    if not jobs:
+    smolagents = args.eval and args.harnesses == "smolagents"  # episodes run inside smolagents, not here
+    if smolagents:
+        jobs, out = [], Path(args.out)
+    else:
+        jobs, out = eval_jobs(args, tasks) if args.eval else train_jobs(args, {t["task_id"]: t for t in tasks},
+                                                                        tasks_path)
+    if not jobs and not smolagents:
         raise InputError(f"{Path(args.run) / 'assignment.jsonl'}: no episodes to run (empty assignment)")
     policy = args.policy or str(Path(args.run) / ("init_policy" if not args.iteration else
                                                   f"iter_{args.iteration - 1:03d}/policy"))
@@ -956,11 +975,17 @@ def run_stage(args):
         backend = (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args)
     seed_everything(args.seed)
     start = time.perf_counter()
-    records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
-                           args.temperature)
+    if smolagents:
+        records = load_smolagents().run_smolagents_episodes(
+            sys.modules[__name__], tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
+            args.temperature, args.samples, positions=positions)
+    else:
+        records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
+                               args.temperature)
     wall = time.perf_counter() - start
     write_atomic(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "vllm") if m in sys.modules}
+    versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "vllm", "smolagents")
+                if m in sys.modules}
     config = {**vars(args), "policy": policy, "tasks": str(tasks_path), "episodes": len(records), "out": str(out),
               "harness_ids": sorted({r["harness_id"] for r in records}), "wall_seconds": round(wall, 3),
               "generation_seconds": round(backend.gen_seconds, 3) if backend else None, "versions": versions}

@@ -2,7 +2,9 @@
 
 The paper's evaluation (summary, "Experiment"): pass@1 on (1) the base harness, (2) held-out
 configurations of the factorised space H that were never trained on (in-space combinatorial
-generalisation, H minus H_tr), and (3) harnesses outside the space (out-of-space / black-box).
+generalisation, H minus H_tr), and (3) harnesses outside the space (out-of-space / black-box), and (4) a real agent framework nobody designed
+for this experiment, smolagents (its own column, named after the framework and its version, like the
+paper's Claude Code column; `--no-smolagents` skips it).
 
 This stage owns no environment: it asks stage 04 (eval mode) for the rollouts of each split and
 scores them. Everything it prints is computed from those rollout files.
@@ -16,7 +18,7 @@ scores them. Everything it prints is computed from those rollout files.
     python 06_evaluate.py --compare runs/default runs/single-harness
 
 Reads   RUN/train_harnesses.jsonl, RUN/heldout_harnesses.jsonl (from 02), RUN/iter_*/rollouts.jsonl
-Writes  RUN/eval/<label>/{base,inspace,external}.jsonl   (rollouts made by 04 --eval)
+Writes  RUN/eval/<label>/{base,inspace,external,smolagents}.jsonl   (rollouts made by 04 --eval)
         RUN/eval/<label>/summary.json                    (this policy's numbers)
         RUN/eval_summary.json  RUN/results.md            (every label evaluated in this run)
         RUN/learning_curve.png                           (when matplotlib is installed)
@@ -32,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-SPLITS = ["base", "inspace", "external"]  # table columns: Base, In-Space, Out-of-Space
-SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "external": "Out-of-Space"}
+SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
+SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "external": "Out-of-Space", "smolagents": "smolagents"}
 COMPONENTS = ["S", "T", "O", "C", "W"]
 
 
@@ -50,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--base-harness", default="S0-T0-O0-C0-W0", help="id of the base harness")
     p.add_argument("--harness-file", action="append", default=[],
                    help="extra out-of-space harness JSON file(s), passed on to 04")
+    p.add_argument("--no-smolagents", action="store_true",
+                   help="skip the smolagents column (episodes inside smolagents' ToolCallingAgent, run one by one)")
     p.add_argument("--samples", type=int, default=1, help="samples per (task, harness) pair")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend of 04")
@@ -120,9 +124,10 @@ def levels_of(harness_id):
 # ----------------------------------------------------------------------------- rollouts via stage 04
 def make_rollouts(args, run, policy, out_dir, heldout_ids):
     """Ask 04 (eval mode) for one rollout file per split. Existing files are kept (resume)."""
-    specs = {"base": args.base_harness, "inspace": ",".join(heldout_ids), "external": "external"}
+    specs = {"base": args.base_harness, "inspace": ",".join(heldout_ids), "external": "external",
+             "smolagents": "smolagents"}
     tasks = tasks_file(args, out_dir)
-    for split in SPLITS:
+    for split in [s for s in SPLITS if not (s == "smolagents" and args.no_smolagents)]:
         out = out_dir / f"{split}.jsonl"
         if out.is_file() and not args.overwrite:
             print(f"[06] {out} exists, reusing it (--overwrite to redo)")
@@ -199,6 +204,7 @@ def score_split(episodes, n_boot, seed):
         "pairs": len(pairs),
         "tasks": len({t for t, _ in pairs}),
         "mean_reward": float(np.mean([e["reward"] for e in episodes])) if episodes else 0.0,
+        "framework": next((e["framework"] for e in episodes if e.get("framework")), None),
         "per_harness": {h: float(np.mean(v)) for h, v in sorted(per_harness.items())},
         "behaviour": behaviour(episodes),
     }
@@ -235,9 +241,15 @@ def fmt(split):
     return f"{100 * split['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
+def split_title(split, summaries):
+    """Column title; the framework column is named after the framework and version its episodes ran in."""
+    names = sorted({s["splits"][split].get("framework") or "" for s in summaries if split in s["splits"]} - {""})
+    return " / ".join(names) if split == "smolagents" and names else SPLIT_TITLES[split]
+
+
 def table(rows):
     """rows: [(name, summary)] -> markdown table, the paper's shape."""
-    lines = ["| policy | " + " | ".join(SPLIT_TITLES[s] for s in SPLITS) + " |",
+    lines = ["| policy | " + " | ".join(split_title(s, [r for _, r in rows]) for s in SPLITS) + " |",
              "| --- | " + " | ".join("---" for _ in SPLITS) + " |"]
     for name, s in rows:
         lines.append(f"| {name} | " + " | ".join(fmt(s["splits"].get(s_)) for s_ in SPLITS) + " |")
@@ -257,7 +269,7 @@ def results_markdown(run, summaries):
                 continue
             b = sp["behaviour"]
             rec = "n/a" if b["recovery_rate"] is None else f"{100 * b['recovery_rate']:.0f}%"
-            out.append(f"| {SPLIT_TITLES[split]} | {fmt(sp)} | {sp['pairs']} | {100 * b['parse_error_rate']:.1f}% "
+            out.append(f"| {split_title(split, [s])} | {fmt(sp)} | {sp['pairs']} | {100 * b['parse_error_rate']:.1f}% "
                        f"| {rec} | {100 * b['workflow_compliance']:.0f}% | {b['mean_turns']:.2f} |")
         width = max([len(v) for v in s["per_component"].values()] + [1])
         out += ["", "pass@1 by realisation (base + held-out in-space episodes):", "",
@@ -355,6 +367,8 @@ def main(argv=None):
     splits = {}
     for split in SPLITS:
         path = out_dir / f"{split}.jsonl"
+        if split == "smolagents" and args.no_smolagents:
+            continue
         if path.is_file():
             splits[split] = read_jsonl(path, required=required)
         elif args.no_rollout:
@@ -382,7 +396,7 @@ def main(argv=None):
     print(table(list(summaries.items())))
     for split, s in summary["splits"].items():
         b = s["behaviour"]
-        print(f"[06] {label} {SPLIT_TITLES[split]:>12}: pass@1 {fmt(s)} over {s['pairs']} pairs, "
+        print(f"[06] {label} {split_title(split, [summary]):>17}: pass@1 {fmt(s)} over {s['pairs']} pairs, "
               f"parse errors/turn {b['parse_error_rate']:.3f}, workflow compliance {b['workflow_compliance']:.2f}, "
               f"turns {b['mean_turns']:.2f}")
     print(f"[06] wrote {out_dir / 'summary.json'}, {all_path}, {run / 'results.md'}")

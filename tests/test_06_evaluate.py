@@ -75,6 +75,8 @@ def make_run(tmp_path):
     write_jsonl(out / "base.jsonl", [episode(t, ids[0], t != "c") for t in "abcd"])
     write_jsonl(out / "inspace.jsonl", [episode(t, h, h == ids[1]) for t in "abcd" for h in ids[1:]])
     write_jsonl(out / "external.jsonl", [episode(t, "X-shell", t == "a") for t in "abcd"])
+    write_jsonl(out / "smolagents.jsonl", [episode(t, "X-smolagents", t in "ab", framework="smolagents 9.9.9")
+                                           for t in "abcd"])
     return run
 
 
@@ -85,9 +87,10 @@ def test_cli_scores_existing_rollouts_and_compares(tmp_path):
     assert summary["splits"]["base"]["pass@1"] == pytest.approx(0.75)
     assert summary["splits"]["inspace"]["pass@1"] == pytest.approx(1 / 3)
     assert summary["splits"]["external"]["pass@1"] == pytest.approx(0.25)
+    assert summary["splits"]["smolagents"]["pass@1"] == pytest.approx(0.5)
     assert summary["training_curve"] == [{"iteration": 0, "reward_mean": 0.5, "success": 0.5}]
     md = (run / "results.md").read_text()
-    assert "| mine | 75.0 [" in md and "| Base | In-Space | Out-of-Space |" in md
+    assert "| mine | 75.0 [" in md and "| Base | In-Space | Out-of-Space | smolagents 9.9.9 |" in md
     assert "| mine | 75.0 [" in proc.stdout
     cmp = run_stage("06_evaluate.py", "--compare", run, run)
     assert cmp.stdout.count("| run/mine | 75.0 [") == 2
@@ -103,3 +106,11 @@ def test_cli_bad_input_names_file_and_line(tmp_path):
     assert not (run / "eval_summary.json").exists() and not (run / "results.md").exists()
     missing = run_stage("06_evaluate.py", "--compare", tmp_path / "nope", check=False)
     assert missing.returncode != 0 and "eval_summary.json: file not found" in missing.stderr
+
+
+def test_cli_no_smolagents_leaves_the_framework_column_out(tmp_path):
+    run = make_run(tmp_path)
+    run_stage("06_evaluate.py", "--run", run, "--label", "mine", "--no-rollout", "--heldout", 3, "--no-smolagents")
+    summary = json.loads((run / "eval_summary.json").read_text())["mine"]
+    assert set(summary["splits"]) == {"base", "inspace", "external"}
+    assert "| Base | In-Space | Out-of-Space | smolagents |" in (run / "results.md").read_text()

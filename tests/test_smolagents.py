@@ -227,3 +227,17 @@ def test_bad_input_is_a_clear_error():
         B.run_smolagents_episodes(R, [no_solution], "oracle", None, None, 6, 128, 0.0, progress=False)
     with pytest.raises(R.InputError, match="max_turns"):
         B.run_smolagents_episodes(R, [TASK], "oracle", None, None, 0, 128, 0.0, progress=False)
+
+
+# ----------------------------------------------------------------------------- through 04's command line
+def test_04_cli_runs_the_oracle_inside_smolagents(tmp_path):
+    from conftest import run_stage
+    out = tmp_path / "smol.jsonl"
+    proc = run_stage("04_rollout.py", "--run", tmp_path, "--eval", "--policy", "oracle", "--harnesses", "smolagents",
+                     "--out", out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == len(TEST_TASKS) and all(r["success"] for r in rows)
+    assert {r["harness_id"] for r in rows} == {B.HARNESS_ID} and rows[0]["framework"] == B.FRAMEWORK
+    config = json.loads((tmp_path / "smol.04_rollout_config.json").read_text())
+    assert config["episodes"] == len(TEST_TASKS) and config["versions"]["smolagents"] == B.smolagents.__version__
+    assert "success 1.000" in proc.stdout
