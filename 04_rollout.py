@@ -11,27 +11,18 @@
     # a real agent framework as the black box: smolagents' ToolCallingAgent (smolagents_harness.py)
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses smolagents --out /tmp/smol.jsonl
 
-Harness records, tasks and the rollout line format are documented in README.md. S.template and W.rules
-may use {tool_docs}, {workflow_rules}, {max_turns} and {submit} (the name T gives the submit tool).
-Out-of-space extras read here: S.placement "user" (no system message: the prompt, then S.task_prefix
-and the request, lead the first user message); T.syntax "shell" (```sh block; T.tools maps canonical
-tools to command words) or "react" (`Action: NAME` + `Action Input: {json}`, or T.final_answer
-(default `Final Answer:`) = submit); W.reply_marker (every reply needs a line starting with it). The
-built-in X-shell and X-react (`--harnesses external`) live in data/external_harnesses.json;
-data/example_harness.json is an example.
+Harness records, tasks and the rollout format: README.md. S.template and W.rules may use {tool_docs},
+{workflow_rules}, {max_turns}, {submit}. Out-of-space extras (X-shell, X-react: data/external_harnesses.json):
+S.placement "user" (no system message; S.task_prefix before the request), T.syntax "shell" (```sh block, T.tools
+names the commands) or "react" (`Action:` + `Action Input: {json}`, or T.final_answer (default `Final Answer:`)
+= submit), W.reply_marker (every reply needs a line starting with it).
 
-Episode rules. One observation message per reply: its calls' outputs (each cut at O.max_chars) and its
-errors, joined by newlines in O's templates, W's budget reminder last. No parsable call, a malformed call
-or more calls than T.max_calls_per_turn is a parse error (one counted per reply; well-formed calls up to
-the limit still run; MAX_SHOWN parser messages are shown, then a count, so an observation is bounded
-whatever the reply). Unknown tools, bad arguments and failing tools (any exception inside a tool) are tool
-errors. A W1 first reply not starting with plan_prefix, a reply without a line starting with
-W.reply_marker, and a submit whose reply has no line starting with verify_marker are workflow violations
-(calls not run). Errors use O.error_template; {tool} is the shown tool name, "parser" or "workflow". A run
-submit ends the episode; the turn budget ends it as "turn_budget"; a prompt longer than max positions -
-max new tokens as "context_limit". Reward = the task's checker on the final workspace and the submitted
-answer, whatever the finish reason. Outputs: train -> DIR/iter_{t:03d}/rollouts.jsonl +
-04_rollout_config.json; eval -> FILE + <stem>.04_rollout_config.json (iteration null, group "task|harness|eval").
+Episode rules: one observation per reply (outputs cut at O.max_chars, errors via O.error_template with {tool} the
+shown name, "parser" or "workflow"; W's budget reminder last). Parse error (one counted per reply): no call, a
+malformed call, calls past T.max_calls_per_turn. Tool error: unknown tool, bad argument, an exception in a tool.
+Workflow violation (nothing run): a W1 first reply without plan_prefix, no reply_marker line, a submit without a
+verify_marker line. Finish: "submitted", "turn_budget" or "context_limit" (prompt > positions - max new tokens);
+reward = the checker on the final workspace and answer. Writes DIR/iter_{t:03d}/rollouts.jsonl or --out + config.
 """
 import argparse
 import ast
@@ -235,9 +226,9 @@ def calculate(expr):
         return value
 
     value = ev(tree.body)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(round(value, 6) if isinstance(value, float) else value)
+    if isinstance(value, float):
+        value = int(value) if value.is_integer() else round(value, 6)
+    return str(value)
 
 
 def check_path(path):
@@ -560,9 +551,8 @@ def to_canonical(T, name, args):
     if name not in by_name:
         raise ToolError(f"unknown tool {clip(name, 40)!r}; tools: {', '.join(by_name)}")
     tool = by_name[name]
-    shown = T["tools"][tool]["args"]
-    inverse = {v: k for k, v in shown.items()}
-    unknown = [a for a in args if a not in inverse]
+    shown = T["tools"][tool]["args"]  # canonical arg -> the name this harness shows
+    unknown = [a for a in args if a not in shown.values()]
     if unknown:
         raise ToolError(f"unknown argument {clip(unknown[0], 40)!r}; {name} takes: "
                         f"{', '.join(shown.values()) or 'nothing'}")
@@ -612,7 +602,7 @@ class Episode:
         self.turns += 1
         self.messages.append({"role": "assistant", "content": reply})
         W, T, O = self.W, self.T, self.O
-        parts, parser_errors, calls, limit = [], [], 0, T.get("max_calls_per_turn", 1)
+        parts, n_errors, calls, limit = [], 0, 0, T.get("max_calls_per_turn", 1)
         plan, marker, verify = W.get("plan_prefix") or "Plan:", W.get("reply_marker"), W.get("verify_marker") or ""
         if W.get("plan_first") and self.turns == 1 and not reply.lstrip().startswith(plan):
             parts.append(self.violation(f"your first reply must start with '{plan}'; nothing was run"))
@@ -621,10 +611,10 @@ class Episode:
         for item in [] if parts else parse_reply(T, reply) or [("error", "no tool call found")]:
             calls += item[0] == "call"
             if item[0] == "error" or calls > limit:
-                parser_errors.append(item[1] if item[0] == "error" else
-                                     f"at most {limit} calls per reply; the rest were not run")
-                if len(parser_errors) <= MAX_SHOWN:  # the rest are counted below: the observation stays bounded
-                    parts.append(format_error(O, "parser", parser_errors[-1]))
+                n_errors += 1
+                if n_errors <= MAX_SHOWN:  # the rest are counted below: the observation stays bounded
+                    parts.append(format_error(O, "parser", item[1] if item[0] == "error" else
+                                              f"at most {limit} calls per reply; the rest were not run"))
                 if calls > limit:
                     break
                 continue
@@ -642,12 +632,12 @@ class Episode:
                                           f"the tool failed ({type(e).__name__})"))
                 continue
             if tool == "submit":
-                self.parse_errors += bool(parser_errors)
+                self.parse_errors += n_errors > 0
                 return self.finish("submitted")
             parts.append(format_output(O, name, output))
-        if len(parser_errors) > MAX_SHOWN:
-            parts.append(format_error(O, "parser", f"{len(parser_errors) - MAX_SHOWN} more parse errors not shown"))
-        self.parse_errors += bool(parser_errors)
+        if n_errors > MAX_SHOWN:
+            parts.append(format_error(O, "parser", f"{n_errors - MAX_SHOWN} more parse errors not shown"))
+        self.parse_errors += n_errors > 0
         observation = "\n".join(parts)
         if W.get("budget_reminder"):
             observation += "\n" + fill(W["budget_reminder"], left=self.max_turns - self.turns)
@@ -665,9 +655,8 @@ class Episode:
 
 
 def oracle_notes(task, k):
-    """What the oracle has written down before solution step k: each line, of a file read at a step before k,
-    that holds a number a step after k uses (e.g. the terms of a sum). Restated in every reply until the
-    step that needs them, so a window or an elided observation never hides a value the oracle then uses."""
+    """Lines of files read before solution step k that hold a number a later step uses (e.g. a sum's terms),
+    restated in every reply until then: a window or an elided observation never hides a value it uses."""
     solution = task["solution"]
     later = set(re.findall(r"\d+", " ".join(v for s in solution[k + 1:] for v in s["args"].values())))
     return [f"{s['args']['path']} {line.strip()}" for s in solution[:k] if s["tool"] == "read_file"
@@ -723,8 +712,7 @@ def cut_at_stop(ids, stops):
 
 def max_positions(path):
     cfg = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").is_file() else {}
-    cfg = cfg.get("text_config", cfg)
-    return cfg.get("max_position_embeddings")
+    return cfg.get("text_config", cfg).get("max_position_embeddings")  # multimodal configs nest the text model
 
 
 class HFBackend:
@@ -744,11 +732,8 @@ class HFBackend:
         from transformers import GenerationConfig
         torch, T = self.torch, self.args.temperature
         width = max(map(len, prompts))
-        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)  # [B, L] left-padded
-        mask = torch.zeros_like(ids)  # [B, L]
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        ids = torch.tensor([[self.pad] * (width - len(p)) + list(p) for p in prompts])  # [B, L] left-padded
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [B, L]
         sample = T > 0
         # explicit values: unset fields would be filled from the checkpoint's generation_config (top_k, top_p, ...)
         config = GenerationConfig(do_sample=sample, temperature=T if sample else 1.0, top_k=0, top_p=1.0, min_p=0.0,
@@ -780,8 +765,7 @@ class VLLMBackend:
             raise InputError("--backend vllm: vllm is not installed (pip install 'vllm>=0.10.2')")
         self.vllm, self.tok, self.args, self.gen_seconds = vllm, tok, args, 0.0
         # generation_config="vllm": ignore the checkpoint's sampling defaults; processed_logprobs: log-probs of
-        # the distribution actually sampled from (after temperature), not of the raw logits.
-        # dtype bfloat16: 05 saves fp32 checkpoints (so tiny lr updates survive); serve them in bf16
+        # the distribution sampled from (after temperature); bf16: 05 saves fp32 (so tiny lr updates survive)
         self.llm = vllm.LLM(model=str(path), seed=args.seed, dtype="bfloat16", generation_config="vllm",
                             logprobs_mode="processed_logprobs")
 
@@ -868,6 +852,8 @@ def train_jobs(args, tasks_by_id, tasks_path):
             if hid not in known:
                 raise InputError(f"{where}: field 'harness_ids': unknown harness id {clip(hid, 60)!r}")
         assignment[row["task_id"]] = hids
+    if not assignment:
+        raise InputError(f"{path}: no episodes to run (empty assignment)")
     jobs = []
     for tid in train_batch(list(assignment), t, args.tasks_per_iteration, args.order_seed):
         hid = assignment[tid][t % len(assignment[tid])]  # H_x[t mod K]: successive iterations rotate through H_x
@@ -953,11 +939,10 @@ def run_stage(args):
     smolagents = args.eval and args.harnesses == "smolagents"  # episodes run inside smolagents, not here
     if smolagents:
         jobs, out = [], Path(args.out)
+    elif args.eval:
+        jobs, out = eval_jobs(args, tasks)
     else:
-        jobs, out = eval_jobs(args, tasks) if args.eval else train_jobs(args, {t["task_id"]: t for t in tasks},
-                                                                        tasks_path)
-    if not jobs and not smolagents:
-        raise InputError(f"{Path(args.run) / 'assignment.jsonl'}: no episodes to run (empty assignment)")
+        jobs, out = train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
     policy = args.policy or str(Path(args.run) / ("init_policy" if not args.iteration else
                                                   f"iter_{args.iteration - 1:03d}/policy"))
     backend, tok, positions = None, None, None
