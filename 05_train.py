@@ -16,10 +16,12 @@ turns whose prompt extends the previous prompt + completion are merged (same los
     python 05_train.py --run runs/toy --iteration 0 --algo grpo --lr 3e-4
     python 05_train.py --run runs/toy --iteration 1 --algo ppo --ppo-epochs 2 --minibatches 4 --kl-coef 0.05
 
-Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO) and, beside it,
-train_log.jsonl (one row per optimizer step) and 05_train_config.json. Defaults with --run DIR
---iteration t: rollouts DIR/iter_{t:03d}/rollouts.jsonl, policy DIR/init_policy (t = 0) or
-DIR/iter_{t-1:03d}/policy, out DIR/iter_{t:03d}/policy.
+Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW
+moments, 2x the fp32 weights, loaded by the next update from its --policy folder when it was saved by
+the same --algo with the same parameter groups) and, beside it, train_log.jsonl (one row per optimizer
+step) and 05_train_config.json. Defaults with --run DIR --iteration t: rollouts
+DIR/iter_{t:03d}/rollouts.jsonl, policy DIR/init_policy (t = 0) or DIR/iter_{t-1:03d}/policy, out
+DIR/iter_{t:03d}/policy.
 """
 import argparse
 import json
@@ -55,13 +57,16 @@ def parse_args(argv=None):
     g.add_argument("--kl-coef", type=float, default=0.0, help="weight of the k3 KL to the reference policy")
     g.add_argument("--ref-policy", help="reference policy for the KL (default: with --iteration, DIR/init_policy "
                    "if it exists; else the loaded policy)")
+    g.add_argument("--tis-cap", type=float, help="truncated importance sampling (off by default): each token's "
+                   "clipped surrogate times min(pi_old / pi_rollout, C), C = this cap")
     g.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus weight")
     g.add_argument("--no-std", action="store_true", help="GRPO: A = r - mean (no division by the group std)")
     g.add_argument("--adv-eps", type=float, default=1e-6, help="GRPO: A = (r - mean) / (std + eps)")
     g.add_argument("--gamma", type=float, default=1.0, help="PPO: discount over generated tokens")
-    g.add_argument("--lam", type=float, default=0.95, help="PPO: GAE lambda")
+    g.add_argument("--lam", type=float, default=1.0, help="PPO: GAE lambda (verl's default 1: A_t = R - V_t)")
     g.add_argument("--vf-coef", type=float, default=0.5, help="PPO: value-loss weight")
-    g.add_argument("--vf-clip", type=float, default=0.2, help="PPO: value clipping range around the old value")
+    g.add_argument("--vf-lr", type=float, help="PPO: value-head learning rate (default 10 x --lr, as verl's critic)")
+    g.add_argument("--vf-clip", type=float, default=0.5, help="PPO: value clipping range around the old value")
     g.add_argument("--no-norm-adv", action="store_true", help="PPO: do not whiten the GAE advantages")
     g = p.add_argument_group("batching")
     g.add_argument("--ppo-epochs", type=int, default=2, help="RL: passes over the rollout batch")
@@ -70,6 +75,8 @@ def parse_args(argv=None):
     g.add_argument("--minibatch-size", type=int, help="sequences per optimizer step (SFT default 32)")
     g.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward (accumulation)")
     g.add_argument("--no-merge-turns", action="store_true", help="one sequence per model turn, never merged")
+    g.add_argument("--min-reward", type=float, help="SFT: keep only demonstrations with reward >= this (e.g. 1)")
+    g.add_argument("--no-optimizer-state", action="store_true", help="neither load nor save optimizer.pt")
     g = p.add_argument_group("tiny model (--init-tiny)")
     g.add_argument("--init-tiny", action="store_true", help="build the toy tokenizer + tiny Llama into --out")
     g.add_argument("--corpus", nargs="+", default=[], help="JSONL files whose strings train the tokenizer")
@@ -114,6 +121,9 @@ def write_atomic(path, text):
     tmp = Path(str(path) + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
 
 
 def check_policy_dir(path, what="policy"):
@@ -196,8 +206,9 @@ def init_tiny(args):
 
 
 # ---------------------------------------------------------------------------------- rollouts -> data
-def load_episodes(path, algo, vocab):
-    """Validated episodes: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}]."""
+def load_episodes(path, algo, vocab, min_reward=None):
+    """Validated episodes: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}].
+    SFT trains at temperature 1 whatever the record says; --min-reward keeps the successful ones."""
     rows = read_jsonl(path)
     if not rows:
         fail(f"{path}: empty rollout file (no episodes)")
@@ -207,10 +218,10 @@ def load_episodes(path, algo, vocab):
         if not isinstance(r, dict) or not isinstance(r.get("model_turns"), list):
             fail(f"{where}: field 'model_turns' missing or not a list")
         need = {"grpo": ["reward", "group_id"], "ppo": ["reward"], "sft": []}[algo]
-        for k in need:
+        for k in need + (["reward"] if min_reward is not None else []):
             if k not in r:
-                fail(f"{where}: field '{k}' missing (needed by --algo {algo})")
-        if algo != "sft" and not isinstance(r["reward"], (int, float)):
+                fail(f"{where}: field '{k}' missing (needed by --algo {algo}{' --min-reward' * (k == 'reward')})")
+        if "reward" in r and not isinstance(r["reward"], (int, float)):
             fail(f"{where}: field 'reward' is not a number")
         turns = []
         for i, t in enumerate(r["model_turns"]):
@@ -228,9 +239,13 @@ def load_episodes(path, algo, vocab):
             if not t["prompt_ids"]:
                 fail(f"{where}: model_turns[{i}].prompt_ids is empty")
             turns.append((t["prompt_ids"], t["completion_ids"], lp))
-        temp = r.get("temperature") or 1.0  # greedy (0) or missing: train at T = 1
+        temp = 1.0 if algo == "sft" else r.get("temperature") or 1.0  # SFT, greedy (0) or missing: T = 1
         eps.append(dict(turns=turns, reward=float(r.get("reward", 0.0)), group=r.get("group_id"),
-                        temp=float(temp), line=ln))
+                        temp=float(temp), line=ln, policy=r.get("policy")))
+    if min_reward is not None:
+        eps = [e for e in eps if e["reward"] >= min_reward]
+        if not eps:
+            fail(f"{path}: no episode has reward >= {min_reward} (--min-reward)")
     if not any(c for e in eps for _, c, _ in e["turns"]):
         fail(f"{path}: no model turn with completion tokens (oracle rollouts need 04 --tokenizer)")
     return eps
@@ -288,6 +303,25 @@ def gae(rewards, values, gamma, lam):
     return adv, adv + values  # advantages, returns
 
 
+def ppo_advantages(seqs, rewards, gamma, lam, whiten=True):
+    """Sets s["adv"], s["ret"]: GAE over each episode's generated tokens, turn after turn, with the
+    terminal reward on its last token; then whitened over the batch unless whiten=False."""
+    by_ep = {}
+    for s in seqs:
+        by_ep.setdefault(s["ep"], []).append(s)
+    for e_idx, ep_seqs in by_ep.items():
+        values = torch.cat([s["old_v"] for s in ep_seqs])  # [T_ep]
+        r = torch.zeros_like(values)  # [T_ep]
+        r[-1] = rewards[e_idx]
+        a, ret = gae(r, values, gamma, lam)
+        for s, a_s, r_s in zip(ep_seqs, a.split([s["n"] for s in ep_seqs]), ret.split([s["n"] for s in ep_seqs])):
+            s["adv"], s["ret"] = a_s, r_s
+    all_a = torch.cat([s["adv"] for s in seqs])  # [N]
+    if whiten and len(all_a) > 1:
+        for s in seqs:
+            s["adv"] = (s["adv"] - all_a.mean()) / (all_a.std() + 1e-8)
+
+
 def collate(seqs, pad_id, device):
     """Right-padded batch. `sel` marks the positions whose *next* token is a completion token: the
     logits there predict y_t, so sel is the mask M_t shifted by one."""
@@ -301,21 +335,68 @@ def collate(seqs, pad_id, device):
     temp = torch.cat([torch.full((s["n"],), s["temp"]) for s in seqs])  # [N]
     batch = dict(inp=inp.to(device), sel=sel.to(device), tgt=tgt.to(device), temp=temp.to(device),
                  tokens=sum(len(s["ids"]) for s in seqs))
-    for k in ("old_logp", "ref_logp", "old_v", "adv", "ret"):
+    for k in ("old_logp", "ref_logp", "old_v", "adv", "ret", "tis_w"):
         if k in seqs[0]:
             batch[k] = torch.cat([s[k] for s in seqs]).to(device)  # [N]
     return batch
 
 
+def train_mode(model, grad_ckpt):
+    """Training mode with dropout off. Not model.eval(): transformers checkpoints a layer only while
+    model.training is True. nn.Dropout modules get p = 0 and float fields such as Llama's
+    attention_dropout become 0 (on the modules only: the saved config keeps its values)."""
+    model.config.use_cache = False
+    if grad_ckpt and hasattr(model, "activation_checkpointing_enable"):  # the newer transformers name
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    elif grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        for k, v in list(vars(m).items()):
+            if "dropout" in k and isinstance(v, float):
+                setattr(m, k, 0.0)
+
+
+def lm_head(model, h):
+    """fp32 logits [N, V] from hidden states [N, H], with the scalings the model's own forward applies
+    after its output embedding (this direct path would skip them)."""
+    cfg = model.config
+    # fp32 even under bf16 autocast: bf16 logits of 16-32 move in steps of 0.125 (ratio noise ~ +-0.06)
+    with torch.autocast(h.device.type, enabled=False):
+        logits = model.get_output_embeddings()(h.float())  # [N, V]
+    logits = logits * (getattr(cfg, "logit_scale", None) or 1.0)  # Cohere: z * logit_scale
+    logits = logits / (getattr(cfg, "logits_scaling", None) or 1.0)  # Granite: z / logits_scaling
+    if getattr(cfg, "final_logit_softcapping", None):  # Gemma-2/3: cap * tanh(z / cap)
+        logits = cfg.final_logit_softcapping * torch.tanh(logits / cfg.final_logit_softcapping)
+    return logits
+
+
+@torch.no_grad()
+def check_head(model, ids, where):
+    """Refuse a model whose forward computes other logits than base_model + lm_head() above (an
+    unknown logit scaling would silently change every log-prob and ratio)."""
+    model.eval()
+    ids = torch.tensor([ids[:128]], device=model.device)  # [1, L]
+    ref = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)  # [L, V]
+    mine = torch.log_softmax(lm_head(model, model.base_model(input_ids=ids).last_hidden_state[0]), -1)  # [L, V]
+    model.train()
+    err = (ref - mine).abs().max().item()
+    if not err < 1e-3:
+        fail(f"{where}: {model.config.model_type}'s forward applies a logit transformation that 05 does not (max "
+             f"log-prob difference {err:.2g}; known: Gemma-2 soft-capping, Cohere logit_scale, Granite logits_scaling)")
+
+
 def forward(model, vhead, batch, amp, ent_grad=False):
     """Log-probs (at temperature), entropies and values of the generated tokens only. The LM head
-    runs on the selected hidden states, not on every position (prompts are most of the tokens)."""
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+    runs on the selected hidden states, not on every position (prompts are most of the tokens).
+    amp: bf16 autocast of the trunk on the batch's device (the LM head stays fp32)."""
+    with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
         # right padding + causal attention: real tokens never attend to the pads, so no attention mask
         h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
-        h = h[batch["sel"]]  # [N, H]
-        logits = model.get_output_embeddings()(h)  # [N, V]
-    logits = logits.float() / batch["temp"][:, None]  # [N, V] pi(.|s) at the sampling temperature
+    h = h[batch["sel"]]  # [N, H]
+    logits = lm_head(model, h) / batch["temp"][:, None]  # [N, V] fp32, pi(.|s) at the sampling temperature
     logp_all = torch.log_softmax(logits, dim=-1)  # [N, V]
     logp = logp_all.gather(1, batch["tgt"][:, None]).squeeze(1)  # [N]
     with torch.set_grad_enabled(ent_grad and torch.is_grad_enabled()):  # no [N, V] kept for backward
@@ -324,12 +405,14 @@ def forward(model, vhead, batch, amp, ent_grad=False):
     return logp, ent, v
 
 
-def policy_loss(logp, old_logp, adv, clip_eps, n_b):
+def policy_loss(logp, old_logp, adv, clip_eps, n_b, tis_w=None):
     """-L(theta) summed over the given tokens (M_t = 1 on them) and divided by the minibatch's N_B."""
     # rho_t = pi_theta(y_t | s_t) / pi_old(y_t | s_t)
     ratio = torch.exp(logp - old_logp)  # [N]
     # L = 1/N_B sum_t M_t min(rho_t A_t, clip(rho_t, 1-eps, 1+eps) A_t); the optimizer minimises -L
     surr = torch.min(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)  # [N]
+    if tis_w is not None:  # truncated IS (--tis-cap C): w_t = min(pi_old(y_t) / pi_rollout(y_t), C), constant
+        surr = tis_w * surr  # [N]
     return -surr.sum() / n_b, ratio
 
 
@@ -348,7 +431,9 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
             pg = -logp.sum() / n_b
             loss, ratio = pg, torch.ones_like(logp)
         else:
-            pg, ratio = policy_loss(logp, b["old_logp"], b["adv"], args.clip_eps, n_b)
+            pg, ratio = policy_loss(logp, b["old_logp"], b["adv"], args.clip_eps, n_b, b.get("tis_w"))
+            if "tis_w" in b:
+                m["tis_weight"] = m.get("tis_weight", 0.0) + b["tis_w"].sum().item() / n_b
             loss = pg
             if args.kl_coef:
                 # k3 estimator of KL(pi_theta || pi_ref): exp(ref - logp) - (ref - logp) - 1
@@ -402,9 +487,24 @@ def resolve_paths(args):
     policy = Path(args.policy) if args.policy else (run / "init_policy" if t == 0 else it(t - 1) / "policy")
     rollouts = Path(args.rollouts) if args.rollouts else it(t) / "rollouts.jsonl"
     out = Path(args.out) if args.out else it(t) / "policy"
-    ref = Path(args.ref_policy) if args.ref_policy else (
-        run / "init_policy" if t is not None and (run / "init_policy").exists() else policy)
-    return policy, rollouts, out, ref
+    ref, why = ((Path(args.ref_policy), "--ref-policy") if args.ref_policy else
+                (run / "init_policy", "the run's initial policy") if t is not None and (run / "init_policy").exists()
+                else (policy, "the loaded policy itself: no --ref-policy and no --iteration"))
+    return policy, rollouts, out, ref, why
+
+
+def load_optimizer(opt, path, algo, shapes):
+    """Carry AdamW's moments across updates: a fresh AdamW makes each first step ~lr * sign(g)."""
+    if not path.is_file():
+        return f"fresh AdamW state ({path} not found)"
+    saved = torch.load(path, map_location="cpu")
+    if saved.get("algo") != algo or saved.get("shapes") != shapes:  # e.g. SFT -> RL, GRPO -> PPO (value head)
+        return f"fresh AdamW state ({path} was saved by --algo {saved.get('algo')}, other parameter groups)"
+    hyper = [(g["lr"], g["weight_decay"]) for g in opt.param_groups]
+    opt.load_state_dict(saved["state"])  # moved to each parameter's device; this run's lr replaces the saved one
+    for g, (lr, wd) in zip(opt.param_groups, hyper):
+        g["lr"], g["weight_decay"] = lr, wd
+    return f"AdamW state loaded from {path} ({int(next(iter(opt.state.values()))['step'])} steps so far)"
 
 
 def main(argv=None):
@@ -415,30 +515,35 @@ def main(argv=None):
     for k in ("ppo_epochs", "epochs", "micro_batch_size", "minibatches", "minibatch_size"):
         if getattr(args, k) is not None and getattr(args, k) < 1:
             fail(f"--{k.replace('_', '-')} must be >= 1")
-    if args.lr <= 0 or not 0 < args.clip_eps < 1:
-        fail("--lr must be > 0 and --clip-eps in (0, 1)")
-    policy, rollouts, out, ref = resolve_paths(args)
+    if min(x for x in (args.lr, args.vf_lr, args.tis_cap) if x is not None) <= 0 or not 0 < args.clip_eps < 1:
+        fail("--lr, --vf-lr and --tis-cap must be > 0 and --clip-eps in (0, 1)")
+    if (args.algo == "sft" and args.tis_cap) or (args.algo != "sft" and args.min_reward is not None):
+        fail("--min-reward is for --algo sft only (it would bias an RL update), --tis-cap for grpo/ppo only")
+    policy, rollouts, out, ref, ref_why = resolve_paths(args)
     check_policy_dir(policy)
     if not rollouts.is_file():
         fail(f"rollouts file {rollouts} not found")
     vocab = AutoConfig.from_pretrained(policy).vocab_size
-    episodes = load_episodes(rollouts, args.algo, vocab)
+    episodes = load_episodes(rollouts, args.algo, vocab, args.min_reward)
     use_kl = args.algo != "sft" and args.kl_coef > 0
     if use_kl:
         check_policy_dir(ref, "reference policy")
+        print(f"[05] KL reference policy: {ref} ({ref_why})")
+    warnings, others = [], [str(e["policy"]) for e in episodes if e["policy"] is not None
+                            and (e["policy"] == "oracle" or Path(str(e["policy"])).resolve() != policy.resolve())]
+    if args.algo != "sft" and others:
+        warnings.append(f"{len(others)} of {len(episodes)} episodes of {rollouts} were sampled by "
+                        f"{sorted(set(others))[:3]}, not by the loaded policy {policy}: the update is off-policy")
 
     # ---- seeding: python, numpy, torch (CPU + CUDA); the minibatch shuffles use their own generator
     seed_everything(args.seed)
     shuffle_gen = torch.Generator().manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    amp = device == "cuda"  # bf16 autocast + gradient checkpointing on GPU, plain fp32 on CPU
+    amp = device == "cuda"  # bf16 autocast (fp32 LM head) + gradient checkpointing on GPU, plain fp32 on CPU
 
     tok = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).to(device)
-    model.config.use_cache = False
-    if amp:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
+    train_mode(model, grad_ckpt=amp)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     vhead = None
     if args.algo == "ppo":
@@ -449,6 +554,7 @@ def main(argv=None):
             vhead.load_state_dict(torch.load(policy / "value_head.pt", map_location=device))
 
     seqs = build_sequences(episodes, merge=not args.no_merge_turns)
+    check_head(model, seqs[0]["ids"], policy)
     rewards = [e["reward"] for e in episodes]
     info = dict(episodes=len(episodes), sequences=len(seqs), turns=sum(len(e["turns"]) for e in episodes),
                 gen_tokens=sum(s["n"] for s in seqs), reward_mean=float(np.mean(rewards)))
@@ -460,6 +566,13 @@ def main(argv=None):
         recomp = torch.cat([s["old_logp"] for s in seqs])
         have = ~torch.isnan(stored)
         info["logprob_mismatch"] = float((stored[have] - recomp[have]).abs().mean()) if have.any() else None
+        if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
+            warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
+                            "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
+        if args.tis_cap:
+            for s in seqs:  # min(pi_old / pi_rollout, C); tokens without rollout log-probs weigh 1
+                w = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=args.tis_cap)  # [n]
+                s["tis_w"] = torch.where(torch.isnan(w), torch.ones_like(w), w)
         if use_kl and ref.resolve() != policy.resolve():
             ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32).to(device)
             score(ref_model, None, seqs, pad_id, device, amp, args.micro_batch_size, "ref_logp", "ref log-probs")
@@ -473,25 +586,21 @@ def main(argv=None):
         for s in seqs:  # every generated token of an episode shares its advantage
             s["adv"] = torch.full((s["n"],), float(adv[s["ep"]]))
     elif args.algo == "ppo":
-        by_ep = {}
-        for s in seqs:
-            by_ep.setdefault(s["ep"], []).append(s)
-        for e_idx, ep_seqs in by_ep.items():  # GAE over the episode's generated tokens, turn by turn
-            values = torch.cat([s["old_v"] for s in ep_seqs])  # [T_ep]
-            r = torch.zeros_like(values)
-            r[-1] = episodes[e_idx]["reward"]  # terminal reward on the last generated token
-            a, ret = gae(r, values, args.gamma, args.lam)
-            for s, a_s, r_s in zip(ep_seqs, a.split([s["n"] for s in ep_seqs]), ret.split([s["n"] for s in ep_seqs])):
-                s["adv"], s["ret"] = a_s, r_s
-        if not args.no_norm_adv and info["gen_tokens"] > 1:
-            all_a = torch.cat([s["adv"] for s in seqs])
-            for s in seqs:
-                s["adv"] = (s["adv"] - all_a.mean()) / (all_a.std() + 1e-8)
+        ppo_advantages(seqs, rewards, args.gamma, args.lam, whiten=not args.no_norm_adv)
     prep_s = time.time() - t0
+    for w in warnings:
+        print(f"[05] warning: {w}", file=sys.stderr)
 
-    # ---- optimisation: epochs x minibatches, each minibatch one AdamW step (micro-batches accumulate)
-    params = list(model.parameters()) + (list(vhead.parameters()) if vhead is not None else [])
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    # ---- optimisation: epochs x minibatches, each minibatch one AdamW step (micro-batches accumulate);
+    # the value head has its own parameter group (learning rate) and gradient clipping
+    groups = [dict(params=list(model.parameters()), lr=args.lr)]
+    if vhead is not None:
+        groups.append(dict(params=list(vhead.parameters()), lr=args.vf_lr or 10 * args.lr))
+    opt = torch.optim.AdamW(groups, lr=args.lr, weight_decay=args.weight_decay)
+    shapes = [[list(p.shape) for p in g["params"]] for g in groups]
+    info["optimizer_state"] = ("fresh AdamW state (--no-optimizer-state)" if args.no_optimizer_state else
+                               load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes))
+    print(f"[05] optimizer: {info['optimizer_state']}")
     epochs = args.epochs if args.algo == "sft" else args.ppo_epochs
     if args.minibatch_size:
         mb_size = args.minibatch_size
@@ -508,16 +617,16 @@ def main(argv=None):
             ts = time.time()
             m = accumulate(model, vhead, [seqs[k] for k in order[j * mb_size:(j + 1) * mb_size]],
                            args, pad_id, device, amp)
-            gn = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+            norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], args.max_grad_norm)) for g in groups]
             opt.step()
             opt.zero_grad(set_to_none=True)
             dt = time.time() - ts
-            m.update(step=len(log), epoch=epoch, grad_norm=float(gn), reward_mean=info["reward_mean"],
-                     tokens_per_s=m["seq_tokens"] / dt, step_s=dt)
-            for k in ("zero_var_group_share", "logprob_mismatch"):
-                if k in info:
-                    m[k] = info[k]
-            if args.algo != "ppo":
+            m.update(step=len(log), epoch=epoch, grad_norm=math.hypot(*norms), pg_grad_norm=norms[0],
+                     reward_mean=info["reward_mean"], tokens_per_s=m["seq_tokens"] / dt, step_s=dt)
+            m.update({k: info[k] for k in ("zero_var_group_share", "logprob_mismatch") if k in info})
+            if args.algo == "ppo":
+                m["vf_grad_norm"] = norms[1]
+            else:
                 m.pop("value_loss")
             log.append(m)
             bar.update()
@@ -534,9 +643,11 @@ def main(argv=None):
     tok.save_pretrained(tmp)
     if vhead is not None:
         torch.save(vhead.state_dict(), tmp / "value_head.pt")
+    if not args.no_optimizer_state:  # AdamW moments: 2x the fp32 weights on disk
+        torch.save(dict(algo=args.algo, shapes=shapes, state=opt.state_dict()), tmp / "optimizer.pt")
     write_atomic(out.parent / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in log))
     summary = dict(info, steps=len(log), prep_s=prep_s, update_s=update_s, device=device,
-                   first_loss=log[0]["loss"], last_loss=log[-1]["loss"])
+                   first_loss=log[0]["loss"], last_loss=log[-1]["loss"], warnings=warnings)
     config = dict(args=vars(args), policy=str(policy), rollouts=str(rollouts), out=str(out),
                   ref_policy=str(ref) if use_kl else None, seed=args.seed, torch=torch.__version__,
                   **summary)

@@ -336,3 +336,257 @@ def test_cli_bad_input_one_error_nothing_written(tiny, tmp_path, case):
     if case != "no_policy":
         assert str(roll) in err[0]
     assert sorted(p.name for p in (run / "iter_000").iterdir()) == ["rollouts.jsonl"]
+
+
+# ------------------------------------------------------------------ issue 10: correctness of the update
+def write_recs(path, recs):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def row0(out):
+    return json.loads((out.parent / "train_log.jsonl").read_text().splitlines()[0])
+
+
+def flat(path):
+    return torch.cat([p.detach().flatten() for p in load(path).parameters()])
+
+
+def grpo_adv_numpy(recs):
+    r, g = np.array([x["reward"] for x in recs]), [x["group_id"] for x in recs]
+    out = np.zeros_like(r)
+    for k in set(g):
+        idx = [i for i, x in enumerate(g) if x == k]
+        out[idx] = (r[idx] - r[idx].mean()) / (r[idx].std() + 1e-6)
+    return out
+
+
+def surrogate_by_hand(model, recs, adv, weights=None, temp=1.0):
+    """-sum_t A_t log pi(y_t) / N_B from full logits (ratio = 1 at the first step), optionally times w_t."""
+    n_b = sum(len(t["completion_ids"]) for r in recs for t in r["model_turns"])
+    total, k = 0, 0
+    for r, a in zip(recs, adv):
+        for t in r["model_turns"]:
+            logp = torch.log_softmax(model(torch.tensor([t["prompt_ids"] + t["completion_ids"]])).logits[0] / temp, -1)
+            for j, y in enumerate(t["completion_ids"]):
+                w = 1.0 if weights is None else weights[k]
+                total = total - w * a * logp[len(t["prompt_ids"]) - 1 + j, y]
+                k += 1
+    return total / n_b
+
+
+def test_adam_state_is_carried_across_iterations(tiny, tmp_path):
+    """Two 1-step iterations through main() = two steps of one Adam (hand-written here) on the
+    first-step GRPO gradients; a fresh optimizer for the second iteration gives another result."""
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=6, turns=2, seed=21)
+    roll = write_recs(tmp_path / "r.jsonl", recs)
+    common = ["--algo", "grpo", "--rollouts", str(roll), "--lr", "1e-3", "--ppo-epochs", "1", "--minibatches", "1",
+              "--max-grad-norm", "1e9"]
+    T05.main(common + ["--policy", str(tiny), "--out", str(tmp_path / "a" / "policy")])
+    assert (tmp_path / "a" / "policy" / "optimizer.pt").is_file()
+    T05.main(common + ["--policy", str(tmp_path / "a" / "policy"), "--out", str(tmp_path / "b" / "policy")])
+    assert "loaded" in json.loads((tmp_path / "b" / "05_train_config.json").read_text())["optimizer_state"]
+    T05.main(common + ["--policy", str(tmp_path / "a" / "policy"), "--out", str(tmp_path / "c" / "policy"),
+                       "--no-optimizer-state"])
+    assert not (tmp_path / "c" / "policy" / "optimizer.pt").exists()
+    model, adv = load(tiny), grpo_adv_numpy(recs)
+    params = list(model.parameters())
+    m1, m2 = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
+    after = {}
+    for t in (1, 2):  # Adam (weight decay 0): m, v moments with bias correction, eps outside the sqrt
+        model.zero_grad()
+        surrogate_by_hand(model, recs, adv).backward()
+        with torch.no_grad():
+            for p, m, v in zip(params, m1, m2):
+                m.mul_(0.9).add_(0.1 * p.grad)
+                v.mul_(0.999).add_(0.001 * p.grad ** 2)
+                p -= 1e-3 * (m / (1 - 0.9 ** t)) / ((v / (1 - 0.999 ** t)).sqrt() + 1e-8)
+        after[t] = torch.cat([p.detach().flatten() for p in params])
+    init = flat(tiny)
+    rel = lambda x, t: float((x - after[t]).norm() / (after[t] - init).norm())  # error relative to the update
+    carried, fresh = flat(tmp_path / "b" / "policy"), flat(tmp_path / "c" / "policy")
+    assert rel(flat(tmp_path / "a" / "policy"), 1) < 1e-4 and rel(carried, 2) < 1e-4
+    assert (carried - after[2]).abs().max() < 1e-5  # each parameter moves ~1e-3 a step
+    assert rel(fresh, 2) > 0.05  # a fresh AdamW's first step is ~lr * sign(g): measured 0.16
+
+
+def test_optimizer_state_is_not_loaded_across_algorithms(tiny, tmp_path, capsys):
+    """SFT -> GRPO (another algorithm) and GRPO -> PPO (a value-head group more) start fresh, with a note."""
+    tok = AutoTokenizer.from_pretrained(tiny)
+    recs = random_episodes(tok.vocab_size, n=4, turns=1, seed=4)
+    roll = write_recs(tmp_path / "r.jsonl", recs)
+    T05.main(["--algo", "sft", "--policy", str(tiny), "--rollouts", str(roll), "--out", str(tmp_path / "s" / "p")])
+    capsys.readouterr()
+    T05.main(["--algo", "grpo", "--policy", str(tmp_path / "s" / "p"), "--rollouts", str(roll),
+              "--out", str(tmp_path / "g" / "p"), "--ppo-epochs", "1"])
+    assert "optimizer: fresh AdamW state" in capsys.readouterr().out
+    T05.main(["--algo", "ppo", "--policy", str(tmp_path / "g" / "p"), "--rollouts", str(roll),
+              "--out", str(tmp_path / "p" / "p"), "--ppo-epochs", "1", "--lr", "2e-4"])
+    assert "saved by --algo grpo" in capsys.readouterr().out
+    groups = torch.load(tmp_path / "p" / "p" / "optimizer.pt")["state"]["param_groups"]
+    assert [g["lr"] for g in groups] == pytest.approx([2e-4, 2e-3])  # the value head's group: 10 x --lr
+
+
+def test_ppo_defaults_give_early_tokens_of_a_success_credit():
+    """64 episodes of 300-700 tokens in 3 turns, every other one a success. A fresh (zero) value head:
+    with the defaults (gamma = lambda = 1) every token of a success gets A = R = 1; with the old
+    lambda 0.95 about 3/4 of them got < 1e-3. Then values in [0, 0.5]: raw and whitened advantages
+    against an independent GAE in matrix form, A = U delta with U[t, k] = (gamma lambda)^(k - t), k >= t."""
+    args = args_for("--algo", "ppo")
+    assert (args.gamma, args.lam, args.vf_clip, args.vf_lr) == (1.0, 1.0, 0.5, None)
+    rng = np.random.default_rng(0)
+    lengths, rewards = [int(n) for n in rng.integers(300, 701, 64)], [float(e % 2) for e in range(64)]
+
+    def episodes(values):
+        return [dict(ep=e, n=len(part), old_v=torch.tensor(values[e][part], dtype=torch.float64))
+                for e, n in enumerate(lengths) for part in np.array_split(np.arange(n), 3)]
+
+    def per_episode(seqs):
+        return [torch.cat([s["adv"] for s in seqs if s["ep"] == e]).numpy() for e in range(64)]
+
+    zero = episodes([np.zeros(n) for n in lengths])
+    low = {}
+    for lam in (args.lam, 0.95):
+        T05.ppo_advantages(zero, rewards, args.gamma, lam, whiten=False)
+        low[lam] = np.mean(np.concatenate([np.abs(a) < 1e-3 for a, r in zip(per_episode(zero), rewards) if r == 1]))
+    assert low[1.0] == 0 and low[0.95] > 0.7
+    T05.ppo_advantages(zero, rewards, args.gamma, args.lam)  # whitened: every token of a success ~ +1
+    assert min(a[0] for a, r in zip(per_episode(zero), rewards) if r == 1) > 0.9
+
+    values = [rng.uniform(0, 0.5, n) for n in lengths]
+    seqs = episodes(values)
+    for gamma, lam in ((1.0, 1.0), (0.99, 0.95)):
+        raw = []
+        for r, v in zip(rewards, values):
+            delta = gamma * np.append(v[1:], 0.0) - v
+            delta[-1] += r
+            k = np.arange(len(v))
+            raw.append(np.triu((gamma * lam) ** (k[None, :] - k[:, None]).clip(0)) @ delta)
+        T05.ppo_advantages(seqs, rewards, gamma, lam, whiten=False)
+        for got, x in zip(per_episode(seqs), raw):
+            np.testing.assert_allclose(got, x, atol=1e-9)
+        T05.ppo_advantages(seqs, rewards, gamma, lam, whiten=True)
+        flat_raw = np.concatenate(raw)
+        np.testing.assert_allclose(np.concatenate(per_episode(seqs)),
+                                   (flat_raw - flat_raw.mean()) / (flat_raw.std(ddof=1) + 1e-8), atol=1e-9)
+
+
+def test_ppo_gradient_norms_logged_per_group(tiny, tmp_path):
+    """First PPO step, zero value head: V = 0 so returns = R; the value head's gradient is
+    -vf_coef * sum_t R h_t / N_B (bias: -vf_coef * sum_t R / N_B), the policy's that of
+    -sum_t A_t log pi / N_B with A the whitened R. Both norms against full-forward computations."""
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=4, turns=2, seed=17)
+    roll = write_recs(tmp_path / "r.jsonl", recs)
+    out = tmp_path / "it" / "policy"
+    T05.main(["--algo", "ppo", "--policy", str(tiny), "--rollouts", str(roll), "--out", str(out),
+              "--ppo-epochs", "1", "--minibatches", "1"])
+    row = row0(out)
+    model = load(tiny)
+    R = torch.tensor([r["reward"] for r in recs for t in r["model_turns"] for _ in t["completion_ids"]])
+    n_b = len(R)
+    gw, gb, k = torch.zeros(model.config.hidden_size), -0.5 * R.sum() / n_b, 0
+    with torch.no_grad():
+        for r in recs:
+            for t in r["model_turns"]:
+                h = model.model(torch.tensor([t["prompt_ids"] + t["completion_ids"]])).last_hidden_state[0]
+                for j in range(len(t["completion_ids"])):
+                    gw -= 0.5 * R[k] * h[len(t["prompt_ids"]) - 1 + j] / n_b
+                    k += 1
+    assert row["vf_grad_norm"] == pytest.approx(float(torch.sqrt(gw.square().sum() + gb ** 2)), rel=1e-4)
+    a = ((R - R.mean()) / (R.std() + 1e-8)).tolist()  # whitened per-token advantages, as token weights
+    model.zero_grad()
+    surrogate_by_hand(model, recs, [1.0] * len(recs), weights=a).backward()
+    assert row["pg_grad_norm"] == pytest.approx(float(grads(model).norm()), rel=1e-4)
+    assert row["grad_norm"] == pytest.approx(np.hypot(row["pg_grad_norm"], row["vf_grad_norm"]), rel=1e-6)
+
+
+def test_sft_ignores_record_temperature_and_min_reward_filters(tiny, tmp_path):
+    """Demonstrations recorded at T = 0.5: SFT's first loss is the NLL at T = 1 (full logits, by hand)
+    of the demonstrations with reward >= --min-reward only."""
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=6, turns=2, seed=23)
+    for i, r in enumerate(recs):
+        r.update(temperature=0.5, reward=[1.0, 0.0, 1.0, 0.5, 1.0, 0.0][i], policy="oracle")
+    roll = write_recs(tmp_path / "d.jsonl", recs)
+    out = tmp_path / "sft" / "policy"
+    s = T05.main(["--algo", "sft", "--policy", str(tiny), "--rollouts", str(roll), "--out", str(out),
+                  "--min-reward", "1", "--epochs", "1", "--minibatch-size", "64"])
+    kept = [r for r in recs if r["reward"] >= 1]
+    assert s["episodes"] == 3 and row0(out)["tokens"] == sum(len(t["completion_ids"]) for r in kept
+                                                              for t in r["model_turns"])
+    model = load(tiny)
+    with torch.no_grad():
+        nll1, nll05 = (surrogate_by_hand(model, kept, [1.0] * 3, temp=T).item() for T in (1.0, 0.5))
+    assert row0(out)["loss"] == pytest.approx(nll1, abs=1e-5) and abs(nll1 - nll05) > 0.01
+
+
+@pytest.mark.parametrize("case", ["none_left", "rl"])
+def test_cli_min_reward_errors(tiny, tmp_path, case):
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=3, seed=2)
+    roll = write_recs(tmp_path / "d.jsonl", [dict(r, reward=0.0) for r in recs])
+    algo, expect = ("sft", "no episode has reward >= 1.0") if case == "none_left" else ("grpo", "--min-reward is for")
+    proc = run_stage("05_train.py", "--algo", algo, "--policy", tiny, "--rollouts", roll, "--out",
+                     tmp_path / "o" / "policy", "--min-reward", "1", check=False)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and expect in err[0], proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_off_policy_warnings_and_kl_reference_printed(tiny, tmp_path, capsys):
+    vocab = AutoTokenizer.from_pretrained(tiny).vocab_size
+    recs = random_episodes(vocab, n=4, turns=1, seed=31)
+    common = ["--algo", "grpo", "--policy", str(tiny), "--ppo-epochs", "1", "--kl-coef", "0.1"]
+    T05.main(common + ["--rollouts", str(write_recs(tmp_path / "a.jsonl", [dict(r, policy=str(tiny)) for r in recs])),
+                       "--out", str(tmp_path / "a" / "p")])
+    cap = capsys.readouterr()
+    assert "warning" not in cap.err and f"KL reference policy: {tiny} (the loaded policy itself" in cap.out
+    bad = [dict(r, policy="runs/x/iter_003/policy") for r in recs]
+    for r in bad:
+        r["model_turns"][0]["logprobs"] = [-0.2] * len(r["model_turns"][0]["completion_ids"])
+    s = T05.main(common + ["--rollouts", str(write_recs(tmp_path / "b.jsonl", bad)),
+                           "--out", str(tmp_path / "b" / "p")])
+    err = capsys.readouterr().err
+    assert "4 of 4 episodes" in err and "not by the loaded policy" in err
+    assert "logprob_mismatch" in err and s["logprob_mismatch"] > T05.MISMATCH_WARN and len(s["warnings"]) == 2
+
+
+def test_truncated_importance_sampling_by_hand_and_off_by_default(tiny, tmp_path):
+    """Rollout log-probs = trainer log-probs - offset: w = min(exp(offset), C), 1 where missing; first-step
+    pg_loss = -sum_t w_t A_t / N_B. Without --tis-cap the rollout log-probs change nothing."""
+    model = load(tiny)
+    recs = random_episodes(model.config.vocab_size, n=6, turns=2, seed=29)
+    offsets, weights = [0.3, -0.5, 2.0, 0.0], []
+    with torch.no_grad():
+        for i, r in enumerate(recs):
+            for j, t in enumerate(r["model_turns"]):
+                if (i + j) % 3 == 2:  # no rollout log-probs on this turn: weight 1
+                    weights += [1.0] * len(t["completion_ids"])
+                    continue
+                logp = torch.log_softmax(model(torch.tensor([t["prompt_ids"] + t["completion_ids"]])).logits[0], -1)
+                t["logprobs"] = []
+                for k, y in enumerate(t["completion_ids"]):
+                    off = offsets[(i + k) % 4]
+                    t["logprobs"].append(logp[len(t["prompt_ids"]) - 1 + k, y].item() - off)
+                    weights.append(min(np.exp(off), 1.5))
+    assert min(weights) < 0.7 and max(weights) == 1.5  # both sides of 1 and the cap are exercised
+    common = ["--algo", "grpo", "--policy", str(tiny), "--ppo-epochs", "2", "--minibatches", "1", "--lr", "1e-3"]
+    roll = write_recs(tmp_path / "r.jsonl", recs)
+    T05.main(common + ["--rollouts", str(roll), "--out", str(tmp_path / "tis" / "p"), "--tis-cap", "1.5"])
+    row = row0(tmp_path / "tis" / "p")
+    adv = grpo_adv_numpy(recs)
+    adv_tok = [a for r, a in zip(recs, adv) for t in r["model_turns"] for _ in t["completion_ids"]]
+    expect = -sum(w * a for w, a in zip(weights, adv_tok)) / len(weights)  # ratio = 1: -sum w A / N_B
+    assert row["pg_loss"] == pytest.approx(expect, abs=1e-5)
+    assert row["tis_weight"] == pytest.approx(np.mean(weights), abs=1e-5)
+    # off (the default): same run with and without rollout log-probs is bit-identical, pg_loss unweighted
+    T05.main(common + ["--rollouts", str(roll), "--out", str(tmp_path / "off" / "p")])
+    plain = [dict(r, model_turns=[dict(t, logprobs=None) for t in r["model_turns"]]) for r in recs]
+    T05.main(common + ["--rollouts", str(write_recs(tmp_path / "plain.jsonl", plain)),
+                       "--out", str(tmp_path / "plain" / "p")])
+    rows = {k: [json.loads(x) for x in (tmp_path / k / "train_log.jsonl").read_text().splitlines()]
+            for k in ("off", "plain")}
+    assert "tis_weight" not in rows["off"][0]
+    assert [r["loss"] for r in rows["off"]] == [r["loss"] for r in rows["plain"]]
+    assert torch.equal(flat(tmp_path / "off" / "p"), flat(tmp_path / "plain" / "p"))
+    assert rows["off"][0]["pg_loss"] == pytest.approx(-sum(adv_tok) / len(adv_tok), abs=1e-5)
+    assert abs(expect - rows["off"][0]["pg_loss"]) > 1e-2
