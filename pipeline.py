@@ -210,6 +210,8 @@ def main(argv=None):
             step(f"05-it{t}", it / "policy",
                  ["05_train.py", "--run", run, "--iteration", t, "--algo", cfg["algo"], "--lr", cfg["lr"],
                   "--seed", cfg["seed"] + t], args)
+            # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
+            (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
 
         evals = [("untrained", run / "untrained_policy")] if (run / "untrained_policy").exists() else []
         evals += [("warm-start" if cfg["model"] == "tiny" else "base-model", run / "init_policy")]
