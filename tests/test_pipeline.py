@@ -52,16 +52,18 @@ def test_pipeline_end_to_end_with_interruption(tmp_path):
     summary = json.loads((run / "eval_summary.json").read_text())
     assert list(summary) == ["untrained", "warm-start", "harness-scaling"]
     for label, s in summary.items():
-        assert set(s["splits"]) == {"base", "inspace", "external"}
+        assert set(s["splits"]) == {"base", "inspace", "external", "smolagents"}
         assert s["splits"]["base"]["pairs"] == 3
         assert s["splits"]["inspace"]["pairs"] == 3 * 2
         assert s["splits"]["external"]["pairs"] == 3 * 2  # X-shell and X-react
+        assert s["splits"]["smolagents"]["pairs"] == 3 and s["splits"]["smolagents"]["framework"].startswith(
+            "smolagents ")
         assert not set(s["heldout_ids"]) & {h["harness_id"] for h in train}
     table = (run / "results.md").read_text()
-    assert "| policy | Base | In-Space | Out-of-Space |" in table
+    assert "| policy | Base | In-Space | Out-of-Space | smolagents " in table
     for label in summary:
         assert f"| {label} | " in table
-    assert "| policy | Base | In-Space | Out-of-Space |" in second.stdout
+    assert "| policy | Base | In-Space | Out-of-Space | smolagents " in second.stdout
 
     # 3) the run folder belongs to its settings: other settings are refused, nothing touched
     third = run_stage("pipeline.py", "--run", run, "--warmstart", ws, *MINI[:-2], "--eval-heldout", 3, check=False)
