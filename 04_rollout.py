@@ -842,14 +842,14 @@ def train_jobs(args, tasks_by_id, tasks_path):
     path, assignment = run / "assignment.jsonl", {}
     for n, row in read_jsonl(path, "assignment"):
         where = f"{path}:{n}"
-        if not isinstance(row, dict) or row.get("task_id") not in tasks_by_id:
+        if not isinstance(row, dict) or not isinstance(row.get("task_id"), str) or row["task_id"] not in tasks_by_id:
             tid = row.get("task_id") if isinstance(row, dict) else row
             raise InputError(f"{where}: field 'task_id': {clip(tid, 60)!r} is not a task of {tasks_path}")
         hids = row.get("harness_ids")
         if not isinstance(hids, list) or not hids:
             raise InputError(f"{where}: field 'harness_ids' must be a non-empty list")
         for hid in hids:
-            if hid not in known:
+            if not isinstance(hid, str) or hid not in known:
                 raise InputError(f"{where}: field 'harness_ids': unknown harness id {clip(hid, 60)!r}")
         assignment[row["task_id"]] = hids
     if not assignment:

@@ -251,6 +251,11 @@ def test_bad_input_names_file_line_and_field_and_writes_nothing(tmp_path, capsys
     (tmp_path / "assignment.jsonl").write_text(json.dumps({"task_id": "zzz", "harness_ids": ["S0-T0-O0-C0-W0"]}))
     expect_error(capsys, ["--run", str(tmp_path), "--iteration", "0", "--policy", "oracle"] + tasks_arg,
                  "assignment.jsonl:1", "'task_id'")
+    for bad in ({"task_id": ["a"], "harness_ids": ["S0-T0-O0-C0-W0"]}, {"task_id": json.loads(rows[0])["task_id"],
+                                                                          "harness_ids": [["S0-T0-O0-C0-W0"]]}):
+        (tmp_path / "assignment.jsonl").write_text(json.dumps(bad))  # unhashable ids: a clear error, no TypeError
+        expect_error(capsys, ["--run", str(tmp_path), "--iteration", "0", "--policy", "oracle"] + tasks_arg,
+                     "assignment.jsonl:1", "'task_id'" if isinstance(bad["task_id"], list) else "'harness_ids'")
     assert not out.exists() and not (tmp_path / "iter_000").exists() and not list(tmp_path.rglob("*.tmp"))
     # the real command line: exit status 2, one error line
     proc = run_stage("04_rollout.py", "--run", tmp_path, "--eval", "--policy", "oracle", "--harnesses", "base",
