@@ -53,6 +53,18 @@ def harness_title():
 
 
 # ----------------------------------------------------------------------------- the workspace tools
+def workspace_call(rollout, ws, tool, **args):
+    """04's argument rules (numbers become strings, other types refused, MAX_ARG chars), then Workspace.call."""
+    for name, value in args.items():
+        value = str(value) if type(value) in (int, float) else value
+        if not isinstance(value, str):  # smolagents checks the declared type first; this is a second guard
+            raise rollout.ToolError(f"argument {name!r} must be a string")
+        if len(value) > rollout.MAX_ARG:
+            raise rollout.ToolError(f"argument {name!r} too long ({rollout.MAX_ARG} chars max)")
+        args[name] = value
+    return ws.call(tool, args)
+
+
 class WorkspaceTool(Tool):
     """One of 04's canonical tools over one episode's Workspace. ToolError -> smolagents' error observation."""
     output_type = "string"
@@ -62,12 +74,7 @@ class WorkspaceTool(Tool):
         self.rollout, self.ws = rollout, ws
 
     def call_workspace(self, tool, **args):
-        for name, value in args.items():
-            if not isinstance(value, str):  # smolagents checks the declared type first; this is a second guard
-                raise self.rollout.ToolError(f"argument {name!r} must be a string")
-            if len(value) > self.rollout.MAX_ARG:
-                raise self.rollout.ToolError(f"argument {name!r} too long ({self.rollout.MAX_ARG} chars max)")
-        return self.ws.call(tool, args)
+        return workspace_call(self.rollout, self.ws, tool, **args)
 
 
 class ListFiles(WorkspaceTool):
@@ -119,14 +126,8 @@ class SubmitFinalAnswer(FinalAnswerTool):
         self.rollout, self.ws = rollout, ws
 
     def forward(self, answer):
-        if type(answer) in (int, float):
-            answer = str(answer)
-        if not isinstance(answer, str):
-            raise self.rollout.ToolError("the answer must be a string or a number")
-        if len(answer) > self.rollout.MAX_ARG:
-            raise self.rollout.ToolError(f"argument 'answer' too long ({self.rollout.MAX_ARG} chars max)")
-        self.ws.call("submit", {"answer": answer})
-        return answer
+        workspace_call(self.rollout, self.ws, "submit", answer=answer)
+        return self.ws.answer
 
 
 def make_tools(rollout, ws):
