@@ -61,7 +61,8 @@ def parse_args(argv=None):
                    help="tasks JSONL (default: data/train_tasks.jsonl in train mode, data/test_tasks.jsonl in eval)")
     p.add_argument("--group-size", type=int, default=4, help="train: samples per (task, harness) = GRPO group")
     p.add_argument("--tasks-per-iteration", type=int, default=32, help="train: tasks per iteration B (0 = all)")
-    p.add_argument("--harnesses", default=None, help="eval: base|train|heldout|heldout:N|all|external|smolagents|id,id,...")
+    p.add_argument("--harnesses", default=None,
+                   help="eval: base|train|heldout|heldout:N|all|external|smolagents|id,id,...")
     p.add_argument("--harness-file", action="append", default=[], help="extra harness JSON/JSONL (repeatable)")
     p.add_argument("--samples", type=int, default=1, help="eval: samples per (task, harness)")
     p.add_argument("--out", default=None, help="eval: output rollouts JSONL")

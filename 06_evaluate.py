@@ -2,9 +2,9 @@
 
 The paper's evaluation (summary, "Experiment"): pass@1 on (1) the base harness, (2) held-out
 configurations of the factorised space H that were never trained on (in-space combinatorial
-generalisation, H minus H_tr), and (3) harnesses outside the space (out-of-space / black-box), and (4) a real agent framework nobody designed
-for this experiment, smolagents (its own column, named after the framework and its version, like the
-paper's Claude Code column; `--no-smolagents` skips it).
+generalisation, H minus H_tr), (3) harnesses outside the space (out-of-space / black-box), and (4) a
+real agent framework nobody designed for this experiment, smolagents (its own column, named after the
+framework and its version, like the paper's Claude Code column; `--no-smolagents` skips it).
 
 This stage owns no environment: it asks stage 04 (eval mode) for the rollouts of each split and
 scores them. Everything it prints is computed from those rollout files.
@@ -121,13 +121,17 @@ def levels_of(harness_id):
     return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
 
 
+def wanted_splits(args):
+    return [s for s in SPLITS if not (s == "smolagents" and args.no_smolagents)]
+
+
 # ----------------------------------------------------------------------------- rollouts via stage 04
 def make_rollouts(args, run, policy, out_dir, heldout_ids):
     """Ask 04 (eval mode) for one rollout file per split. Existing files are kept (resume)."""
     specs = {"base": args.base_harness, "inspace": ",".join(heldout_ids), "external": "external",
              "smolagents": "smolagents"}
     tasks = tasks_file(args, out_dir)
-    for split in [s for s in SPLITS if not (s == "smolagents" and args.no_smolagents)]:
+    for split in wanted_splits(args):
         out = out_dir / f"{split}.jsonl"
         if out.is_file() and not args.overwrite:
             print(f"[06] {out} exists, reusing it (--overwrite to redo)")
@@ -365,10 +369,8 @@ def main(argv=None):
     required = ("task_id", "harness_id", "success", "reward", "turns", "parse_errors", "tool_errors",
                 "workflow_violations", "finish_reason")
     splits = {}
-    for split in SPLITS:
+    for split in wanted_splits(args):
         path = out_dir / f"{split}.jsonl"
-        if split == "smolagents" and args.no_smolagents:
-            continue
         if path.is_file():
             splits[split] = read_jsonl(path, required=required)
         elif args.no_rollout:
