@@ -39,6 +39,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # generation.py, beside this file: the hf and vllm backends (token ids in and out)
+from generation import HFBackend, InputError, VLLMBackend, encode, load_tokenizer, max_positions  # noqa: E402
 COMPONENTS = ["S", "T", "O", "C", "W"]
 SYNTAXES = ["hermes_json", "xml_invoke", "python_call", "shell", "react"]
 CANONICAL = {"list_files": [], "read_file": ["path"], "search": ["query"], "write_file": ["path", "content"],
@@ -70,16 +72,18 @@ def parse_args(argv=None):
     p.add_argument("--max-turns", type=int, default=6, help="model replies per episode (turn budget)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
     p.add_argument("--seed", type=int, default=0, help="random seed (sampling; heldout:N draw)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="sampling dtype (auto: bf16 on a GPU with bf16, fp16 on T4/V100; CPU: hf fp32, vllm bf16)")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+                   help="vllm: no compilation / CUDA graphs (default: on for CPU, where start-up is 20 s, not 2 min)")
+    p.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default: the model's)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it may use")
     p.add_argument("--order-seed", type=int, default=0,
                    help="train: seed of the task order (keep it fixed over iterations so batches cycle)")
     return p.parse_args(argv)
 
 
 # ----------------------------------------------------------------------------- small helpers (repeated per stage)
-class InputError(Exception):
-    """Bad input: reported as `error: ...` with exit status 2, nothing written."""
-
-
 class ToolError(Exception):
     """A tool call that fails: becomes an error observation, never leaves the episode."""
 
@@ -685,109 +689,6 @@ def oracle_reply(ep):
     return "\n".join(lines + [render_call(T, step["tool"], step["args"])])
 
 
-# ----------------------------------------------------------------------------- tokenizer and generation backends
-def load_tokenizer(path):
-    """The policy's tokenizer; .stop_ids = <|im_end|>, eos and generation_config eos ids (first = reply end)."""
-    from transformers import AutoTokenizer
-    if not Path(path).is_dir():
-        raise InputError(f"{path}: tokenizer/policy folder not found")
-    tok = AutoTokenizer.from_pretrained(path)
-    gen = Path(path) / "generation_config.json"
-    gen_eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
-    im_end = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else None
-    candidates = [im_end, tok.eos_token_id] + (gen_eos if isinstance(gen_eos, list) else [gen_eos])
-    tok.stop_ids = list(dict.fromkeys(t for t in candidates if t is not None))
-    if not tok.stop_ids:
-        raise InputError(f"{path}: the tokenizer has no eos token and no <|im_end|>")
-    return tok
-
-
-def encode(tok, messages):
-    return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
-
-
-def cut_at_stop(ids, stops):
-    """Keep tokens up to and including the first stop token (all of them if none: max_new_tokens was hit)."""
-    return ids[:next((j + 1 for j, t in enumerate(ids) if t in stops), len(ids))]
-
-
-def max_positions(path):
-    cfg = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").is_file() else {}
-    return cfg.get("text_config", cfg).get("max_position_embeddings")  # multimodal configs nest the text model
-
-
-class HFBackend:
-    """transformers generate: one left-padded batch per call, sampling at `temperature` with no other warper."""
-
-    def __init__(self, path, tok, args):
-        import torch
-        from transformers import AutoModelForCausalLM
-        self.torch, self.tok, self.args = torch, tok, args
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
-        self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.stop_ids[0]
-        self.gen_seconds = 0.0
-
-    def generate(self, prompts, turn):
-        from transformers import GenerationConfig
-        torch, T = self.torch, self.args.temperature
-        width = max(map(len, prompts))
-        ids = torch.tensor([[self.pad] * (width - len(p)) + list(p) for p in prompts])  # [B, L] left-padded
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [B, L]
-        sample = T > 0
-        # explicit values: unset fields would be filled from the checkpoint's generation_config (top_k, top_p, ...)
-        config = GenerationConfig(do_sample=sample, temperature=T if sample else 1.0, top_k=0, top_p=1.0, min_p=0.0,
-                                  typical_p=1.0, repetition_penalty=1.0, max_new_tokens=self.args.max_new_tokens,
-                                  eos_token_id=self.tok.stop_ids, pad_token_id=self.pad,
-                                  output_scores=sample, return_dict_in_generate=True)
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      generation_config=config)
-        self.gen_seconds += time.perf_counter() - start
-        new = out.sequences[:, width:]  # [B, N]
-        logp = None
-        if sample:  # processed scores (= logits / T): the distribution each token was sampled from
-            logp = torch.stack([torch.log_softmax(s.float(), -1).gather(-1, new[:, i:i + 1])[:, 0]  # [B]
-                                for i, s in enumerate(out.scores)], dim=1).cpu()  # [B, N]
-        rows = [cut_at_stop(row, self.tok.stop_ids) for row in new.cpu().tolist()]
-        return [(row, logp[i, :len(row)].tolist() if logp is not None else None) for i, row in enumerate(rows)]
-
-
-class VLLMBackend:
-    """vLLM offline engine on plain {"prompt_token_ids": ...} prompts; one engine per run of this script.
-    Written for vLLM >= 0.10.2 (V1 engine, `logprobs_mode`), checked against the API of 0.10.2-0.11."""
-
-    def __init__(self, path, tok, args):
-        try:
-            import vllm  # lazy: only the GPU preset needs it
-        except ImportError:
-            raise InputError("--backend vllm: vllm is not installed (pip install 'vllm>=0.10.2')")
-        self.vllm, self.tok, self.args, self.gen_seconds = vllm, tok, args, 0.0
-        # generation_config="vllm": ignore the checkpoint's sampling defaults; processed_logprobs: log-probs of
-        # the distribution sampled from (after temperature); bf16: 05 saves fp32 (so tiny lr updates survive)
-        self.llm = vllm.LLM(model=str(path), seed=args.seed, dtype="bfloat16", generation_config="vllm",
-                            logprobs_mode="processed_logprobs")
-
-    def generate(self, prompts, turn):
-        T = self.args.temperature
-        params = [self.vllm.SamplingParams(temperature=T, max_tokens=self.args.max_new_tokens,
-                                           seed=(self.args.seed * 1_000_003 + turn * 10_007 + i) % 2**31,
-                                           stop_token_ids=list(self.tok.stop_ids), logprobs=0 if T > 0 else None)
-                  for i in range(len(prompts))]  # a distinct seed per request: group samples must differ
-        start = time.perf_counter()
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        self.gen_seconds += time.perf_counter() - start
-        results = []
-        for out in outputs:  # RequestOutput, in prompt order; .logprobs: per position {token_id: Logprob}
-            c = out.outputs[0]
-            ids = cut_at_stop(list(c.token_ids), self.tok.stop_ids)
-            lps = [c.logprobs[j][t].logprob for j, t in enumerate(ids)] if T > 0 and c.logprobs is not None else None
-            results.append((ids, lps))
-        return results
-
-
 # ----------------------------------------------------------------------------- lockstep rollouts
 def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_tokens=128, positions=None,
                  temperature=1.0, progress=True):
@@ -915,15 +816,10 @@ def load_smolagents():
 
 # ----------------------------------------------------------------------------- main
 def summarize(records):
-    """A short summary (06 makes the tables): means over all episodes, then success per family."""
+    """One line of means over all episodes (06 makes the tables)."""
     mean = {f: sum(float(r[f]) for r in records) / len(records) for f in ("reward", "success", "parse_errors", "turns")}
-    by_family = {}
-    for r in records:
-        by_family.setdefault(r["family"], []).append(r["success"])
     print(f"{len(records)} episodes, {len({r['harness_id'] for r in records})} harnesses: reward {mean['reward']:.3f}, "
           f"success {mean['success']:.3f}, parse errors/episode {mean['parse_errors']:.2f}, turns {mean['turns']:.2f}")
-    print("success by family: " + "  ".join(f"{k}={sum(v) / len(v):.2f} (n={len(v)})"
-                                            for k, v in sorted(by_family.items())))
 
 
 def run_stage(args):
@@ -958,6 +854,8 @@ def run_stage(args):
         if not (Path(policy) / "config.json").is_file():
             raise InputError(f"{policy}: policy folder not found (no config.json)")
         tok, positions = load_tokenizer(policy), max_positions(policy)
+        if args.backend == "vllm" and args.max_model_len:  # vLLM refuses longer prompts: end those episodes first
+            positions = min(positions or args.max_model_len, args.max_model_len)
         backend = (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args)
     seed_everything(args.seed)
     start = time.perf_counter()

@@ -57,6 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=1, help="samples per (task, harness) pair")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend of 04")
+    p.add_argument("--max-model-len", type=int, default=None, help="vllm: context length, passed on to 04")
+    p.add_argument("--dtype", default=None, help="sampling dtype, passed on to 04 (default: 04's auto)")
     p.add_argument("--max-turns", type=int, default=None, help="turn budget per episode (default: 04's)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per reply (default: 04's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample, sampling and bootstrap")
@@ -142,8 +144,9 @@ def make_rollouts(args, run, policy, out_dir, heldout_ids):
                "--backend", args.backend, "--seed", str(args.seed), "--out", str(out)]
         if args.max_turns:
             cmd += ["--max-turns", str(args.max_turns)]
-        if args.max_new_tokens:
-            cmd += ["--max-new-tokens", str(args.max_new_tokens)]
+        for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--max-model-len", args.max_model_len),
+                            ("--dtype", args.dtype)):
+            cmd += [flag, str(value)] if value else []
         if split == "external":
             for hf in args.harness_file:
                 cmd += ["--harness-file", hf]

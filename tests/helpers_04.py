@@ -97,8 +97,9 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit=None):
-    """A byte-level BPE with ChatML specials and a 2-layer random Llama, saved like a hub checkpoint.
+def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit=None, hidden=32, heads=2):
+    """A byte-level BPE with ChatML specials and a 2-layer random Llama, saved like a hub checkpoint
+    (hidden=128, heads=2 gives head size 64, which vLLM's CPU attention supports).
     stop_logit: give <|im_end|> about this logit at every position (others near 0), so random replies
     sometimes stop early: residual dimension 0 is a constant that no layer writes to, read only by <|im_end|>."""
     import torch
@@ -115,8 +116,8 @@ def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(out)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=max_positions,
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     model = LlamaForCausalLM(config)
     if stop_logit is not None:
@@ -127,6 +128,6 @@ def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit
                 layer.mlp.down_proj.weight[0, :] = 0.0
             model.lm_head.weight[:, 0] = 0.0
             model.lm_head.weight[tok.eos_token_id] = 0.0
-            model.lm_head.weight[tok.eos_token_id, 0] = stop_logit / 32 ** 0.5  # normalised dim 0 ~ sqrt(hidden)
+            model.lm_head.weight[tok.eos_token_id, 0] = stop_logit / hidden ** 0.5  # normalised dim 0 ~ sqrt(hidden)
     model.save_pretrained(out)
     return Path(out)

@@ -138,7 +138,7 @@ def test_hf_backend_end_to_end_train_and_eval(tmp_path, tiny, tok):
     proc = run_stage("04_rollout.py", "--run", tmp_path, "--iteration", 1, "--policy", tmp_path / "init_policy",
                      "--tasks", tmp_path / "tasks.jsonl", "--group-size", 2, "--tasks-per-iteration", 2,
                      "--max-turns", 2, "--max-new-tokens", 12, "--temperature", 1.0)
-    assert "4 episodes, 1 harnesses: reward" in proc.stdout and "success by family:" in proc.stdout
+    assert "4 episodes, 1 harnesses: reward" in proc.stdout
     records = [json.loads(x) for x in (tmp_path / "iter_001" / "rollouts.jsonl").read_text().splitlines()]
     assert len(records) == 4 and {r["harness_id"] for r in records} == {"S2-T1-O2-C2-W1"}
     assert all(r["policy"] == str(tmp_path / "init_policy") and r["turns"] == 2 for r in records)

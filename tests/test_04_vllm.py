@@ -1,5 +1,6 @@
-"""Stage 04's vLLM backend, driven by a fake `vllm` module (vLLM cannot run here): the documented calls
-LLM(model=..., seed=..., dtype="bfloat16", generation_config="vllm", logprobs_mode="processed_logprobs"),
+"""Stage 04's vLLM backend, driven by a fake `vllm` module (the real engine runs in test_vllm_cpu.py): the options
+it gives LLM(...) on CPU and on GPU, LLM(model=..., seed=..., dtype=..., generation_config="vllm",
+logprobs_mode="processed_logprobs", ...),
 LLM.generate([{"prompt_token_ids": ids}, ...], [SamplingParams(...), ...], use_tqdm=False), and the
 conversion of RequestOutput.outputs[0].token_ids / .logprobs ([{token_id: Logprob(logprob=...)}, ...])."""
 import argparse
@@ -57,6 +58,12 @@ def tok(tiny):
     return R.load_tokenizer(tiny)
 
 
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):  # the backend sets vLLM-CPU variables with setdefault: start each test without them
+    for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
     stop = tok.stop_ids[0]
     fake = Fake(lambda i, p: [10, 11, stop, 12] if i == 0 else [13] * 50)
@@ -64,7 +71,9 @@ def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
     args = argparse.Namespace(temperature=0.8, max_new_tokens=6, seed=3)
     backend = R.VLLMBackend(tiny, tok, args)
     assert fake.llm_kwargs == {"model": str(tiny), "seed": 3, "dtype": "bfloat16", "generation_config": "vllm",
-                               "logprobs_mode": "processed_logprobs"}
+                               "logprobs_mode": "processed_logprobs", "enforce_eager": True,
+                               "enable_chunked_prefill": False}  # CPU: seeded requests crash on chunked prefill
+    assert R.os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and R.os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
     results = backend.generate([[1, 2, 3], [4, 5], [4, 5]], turn=2)
     (prompts, params, use_tqdm), = fake.calls
     assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}, {"prompt_token_ids": [4, 5]}]
@@ -113,3 +122,19 @@ def test_vllm_missing_is_a_clear_error(monkeypatch, tiny, tok):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(R.InputError, match="vllm is not installed"):
         R.VLLMBackend(tiny, tok, argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=0))
+
+
+def test_vllm_options_on_a_gpu_without_bf16(monkeypatch, tiny, tok):
+    """A T4/V100: float16, CUDA graphs on, the memory share passed; chunked prefill left to vLLM."""
+    import torch
+    fake = Fake(lambda i, p: [1])
+    monkeypatch.setitem(sys.modules, "vllm", fake.module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    args = argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=0, dtype="auto", enforce_eager=None,
+                              max_model_len=2048, gpu_memory_utilization=0.5)
+    R.VLLMBackend(tiny, tok, args)
+    assert fake.llm_kwargs == {"model": str(tiny), "seed": 0, "dtype": "float16", "generation_config": "vllm",
+                               "logprobs_mode": "processed_logprobs", "enforce_eager": False, "max_model_len": 2048,
+                               "gpu_memory_utilization": 0.5}
+    assert "VLLM_CPU_KVCACHE_SPACE" not in R.os.environ
