@@ -64,7 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--group-size", type=int, default=4, help="train: samples per (task, harness) = GRPO group")
     p.add_argument("--tasks-per-iteration", type=int, default=32, help="train: tasks per iteration B (0 = all)")
     p.add_argument("--harnesses", default=None,
-                   help="eval: base|train|heldout|heldout:N|all|external|smolagents|id,id,...")
+                   help="eval: base|train|heldout|heldout:N|all|external|smolagents|id,id,... (ids and external)")
     p.add_argument("--harness-file", action="append", default=[], help="extra harness JSON/JSONL (repeatable)")
     p.add_argument("--samples", type=int, default=1, help="eval: samples per (task, harness)")
     p.add_argument("--out", default=None, help="eval: output rollouts JSONL")
@@ -785,6 +785,7 @@ def select_harnesses(args):
         return sorted(random.Random(args.seed).sample(held, min(int(n), len(held))), key=lambda h: h["harness_id"])
     pool = harness_pool(run, ("harness_space.jsonl", "train_harnesses.jsonl", "heldout_harnesses.jsonl"), external)
     ids = list(dict.fromkeys(i.strip() for i in spec.split(",") if i.strip()))
+    ids = list(dict.fromkeys(x for i in ids for x in ([h["harness_id"] for h in external] if i == "external" else [i])))
     for hid in ids:
         if hid not in pool:
             raise InputError(f"--harnesses: unknown harness id {clip(hid, 60)!r} (not in {run}/*.jsonl, "
@@ -804,14 +805,11 @@ def eval_jobs(args, tasks):
 
 def load_smolagents():
     """The smolagents bridge (smolagents_harness.py beside this file), imported only when asked for."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("smolagents_harness", HERE / "smolagents_harness.py")
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        import smolagents_harness
     except ImportError as e:
         raise InputError(f"--harnesses smolagents: {e} (pip install 'smolagents>=1.20,<1.27')")
-    return module
+    return smolagents_harness
 
 
 # ----------------------------------------------------------------------------- main

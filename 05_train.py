@@ -77,6 +77,8 @@ def parse_args(argv=None):
     g.add_argument("--no-merge-turns", action="store_true", help="one sequence per model turn, never merged")
     g.add_argument("--min-reward", type=float, help="SFT: keep only demonstrations with reward >= this (e.g. 1)")
     g.add_argument("--no-optimizer-state", action="store_true", help="neither load nor save optimizer.pt")
+    g.add_argument("--no-skip-zero-adv", action="store_true", help="GRPO: also run the sequences whose advantage is "
+                   "0 (equal-reward groups), which add exactly 0 to the gradient without KL or entropy terms")
     g = p.add_argument_group("tiny model (--init-tiny)")
     g.add_argument("--init-tiny", action="store_true", help="build the toy tokenizer + tiny Llama into --out")
     g.add_argument("--corpus", nargs="+", default=[], help="JSONL files whose strings train the tokenizer")
@@ -416,13 +418,24 @@ def policy_loss(logp, old_logp, adv, clip_eps, n_b, tis_w=None):
     return -surr.sum() / n_b, ratio
 
 
+def skips_zero_adv(args):
+    """GRPO without KL or entropy terms: a sequence whose advantage is 0 everywhere adds exactly 0 to L."""
+    return args.algo == "grpo" and not args.kl_coef and not args.ent_coef and not args.no_skip_zero_adv
+
+
 def accumulate(model, vhead, seqs, args, pad_id, device, amp):
     """Forward/backward one minibatch in micro-batches; gradients add up to d(loss)/d(theta) of the
     whole minibatch because every micro-batch divides by the minibatch's N_B, not its own."""
     n_b = sum(s["n"] for s in seqs)  # N_B: generated tokens of the whole minibatch
     keys = ("loss", "pg_loss", "value_loss", "kl", "clip_frac", "approx_kl", "entropy")
     m = dict.fromkeys(keys, 0.0) | dict(tokens=n_b, seq_tokens=0)
+    if skips_zero_adv(args):  # A = 0 on every token: min(rho A, clip(rho) A) = 0, so no gradient (N_B keeps them)
+        seqs = [s for s in seqs if s["adv"].any()]
+        if not seqs:  # the same AdamW step as with all-zero gradients (momentum and weight decay still apply)
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
     seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # less padding; the sum does not depend on order
+    n_act = max(1, sum(s["n"] for s in seqs))  # the tokens run: clip_frac, approx_kl, entropy average over them
     for i in range(0, len(seqs), args.micro_batch_size):
         b = collate(seqs[i:i + args.micro_batch_size], pad_id, device)
         logp, ent, v = forward(model, vhead, b, amp, ent_grad=args.ent_coef > 0)
@@ -433,7 +446,7 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
         else:
             pg, ratio = policy_loss(logp, b["old_logp"], b["adv"], args.clip_eps, n_b, b.get("tis_w"))
             if "tis_w" in b:
-                m["tis_weight"] = m.get("tis_weight", 0.0) + b["tis_w"].sum().item() / n_b
+                m["tis_weight"] = m.get("tis_weight", 0.0) + b["tis_w"].sum().item() / n_act
             loss = pg
             if args.kl_coef:
                 # k3 estimator of KL(pi_theta || pi_ref): exp(ref - logp) - (ref - logp) - 1
@@ -454,9 +467,9 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
             lr = torch.log(ratio)
             m["loss"] += loss.item()
             m["pg_loss"] += pg.item()
-            m["clip_frac"] += ((ratio - 1).abs() > args.clip_eps).sum().item() / n_b
-            m["approx_kl"] += ((ratio - 1) - lr).sum().item() / n_b  # k3 of KL(old || new)
-            m["entropy"] += ent.sum().item() / n_b
+            m["clip_frac"] += ((ratio - 1).abs() > args.clip_eps).sum().item() / n_act
+            m["approx_kl"] += ((ratio - 1) - lr).sum().item() / n_act  # k3 of KL(old || new)
+            m["entropy"] += ent.sum().item() / n_act
             m["seq_tokens"] += b["tokens"]
     return m
 
@@ -559,33 +572,36 @@ def main(argv=None):
     info = dict(episodes=len(episodes), sequences=len(seqs), turns=sum(len(e["turns"]) for e in episodes),
                 gen_tokens=sum(s["n"] for s in seqs), reward_mean=float(np.mean(rewards)))
     t0 = time.time()
-    if args.algo != "sft":
+    if args.algo == "grpo":
+        adv, info["zero_var_group_share"] = grpo_advantages(rewards, [e["group"] for e in episodes],
+                                                            not args.no_std, args.adv_eps)
+        for s in seqs:  # every generated token of an episode shares its advantage
+            s["adv"] = torch.full((s["n"],), float(adv[s["ep"]]))
+    # the sequences that carry a gradient (GRPO: equal-reward groups have A = 0 and are skipped, see accumulate)
+    active = [s for s in seqs if s["adv"].any()] if skips_zero_adv(args) else seqs
+    info["trained_sequences"] = len(active)
+    if args.algo != "sft" and active:
         # pi_old: recomputed with the rollout's weights (this policy) at each episode's temperature
-        score(model, vhead, seqs, pad_id, device, amp, args.micro_batch_size, "old_logp", "old log-probs")
-        stored = torch.cat([s["stored_logp"] for s in seqs])
-        recomp = torch.cat([s["old_logp"] for s in seqs])
+        score(model, vhead, active, pad_id, device, amp, args.micro_batch_size, "old_logp", "old log-probs")
+        stored = torch.cat([s["stored_logp"] for s in active])
+        recomp = torch.cat([s["old_logp"] for s in active])
         have = ~torch.isnan(stored)
         info["logprob_mismatch"] = float((stored[have] - recomp[have]).abs().mean()) if have.any() else None
         if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
             warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
                             "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
         if args.tis_cap:
-            for s in seqs:  # min(pi_old / pi_rollout, C); tokens without rollout log-probs weigh 1
+            for s in active:  # min(pi_old / pi_rollout, C); tokens without rollout log-probs weigh 1
                 w = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=args.tis_cap)  # [n]
                 s["tis_w"] = torch.where(torch.isnan(w), torch.ones_like(w), w)
         if use_kl and ref.resolve() != policy.resolve():
             ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32).to(device)
-            score(ref_model, None, seqs, pad_id, device, amp, args.micro_batch_size, "ref_logp", "ref log-probs")
+            score(ref_model, None, active, pad_id, device, amp, args.micro_batch_size, "ref_logp", "ref log-probs")
             del ref_model
         elif use_kl:
-            for s in seqs:
+            for s in active:
                 s["ref_logp"] = s["old_logp"].clone()
-    if args.algo == "grpo":
-        adv, info["zero_var_group_share"] = grpo_advantages(rewards, [e["group"] for e in episodes],
-                                                            not args.no_std, args.adv_eps)
-        for s in seqs:  # every generated token of an episode shares its advantage
-            s["adv"] = torch.full((s["n"],), float(adv[s["ep"]]))
-    elif args.algo == "ppo":
+    if args.algo == "ppo":  # GAE needs the old values scored above
         ppo_advantages(seqs, rewards, args.gamma, args.lam, whiten=not args.no_norm_adv)
     prep_s = time.time() - t0
     for w in warnings:
@@ -623,7 +639,8 @@ def main(argv=None):
             dt = time.time() - ts
             m.update(step=len(log), epoch=epoch, grad_norm=math.hypot(*norms), pg_grad_norm=norms[0],
                      reward_mean=info["reward_mean"], tokens_per_s=m["seq_tokens"] / dt, step_s=dt)
-            m.update({k: info[k] for k in ("zero_var_group_share", "logprob_mismatch") if k in info})
+            m.update({k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences")
+                      if k in info})
             if args.algo == "ppo":
                 m["vf_grad_norm"] = norms[1]
             else:
@@ -657,7 +674,7 @@ def main(argv=None):
     os.replace(tmp, out)  # the checkpoint appears last: its presence means the stage finished
     print(f"[05] {args.algo}: {info['episodes']} episodes, {info['sequences']} sequences "
           f"({info['turns']} turns), {info['gen_tokens']} generated tokens, reward mean {info['reward_mean']:.3f}")
-    extra = {k: info[k] for k in ("zero_var_group_share", "logprob_mismatch") if k in info}
+    extra = {k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences") if k in info}
     print(f"[05] {len(log)} steps in {update_s:.1f} s (+{prep_s:.1f} s old log-probs), loss "
           f"{log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} {extra} seed {args.seed} -> {out}")
     return summary

