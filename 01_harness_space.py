@@ -275,8 +275,8 @@ def main(argv=None):
               "configs_by_distance_from_base": by_distance}
     atomic_write_text(run / "components.json",
                       json.dumps({"order": ORDER, "components": components}, indent=1, ensure_ascii=False) + "\n")
-    atomic_write_text(run / "harness_space.jsonl", jsonl_text(space))
     atomic_write_text(run / "01_harness_space_config.json", json.dumps(config, indent=1) + "\n")
+    atomic_write_text(run / "harness_space.jsonl", jsonl_text(space))  # last: its presence means 01 finished
 
     print_table(components)
     print()

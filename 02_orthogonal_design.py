@@ -431,8 +431,9 @@ def main(argv=None):
               "n_heldout": len(heldout), "train_harness_ids": [h["harness_id"] for h in train],
               "oa_report": oa_report, "random_report": random_report,
               "expected_random_coverage": expected, "smallest_possible_n": lower}
-    outputs = {"train_harnesses.jsonl": jsonl_text(train), "heldout_harnesses.jsonl": jsonl_text(heldout),
-               "02_orthogonal_design_config.json": json.dumps(config, indent=1) + "\n"}
+    outputs = {"heldout_harnesses.jsonl": jsonl_text(heldout),  # train_harnesses.jsonl last: it marks 02 done
+               "02_orthogonal_design_config.json": json.dumps(config, indent=1) + "\n",
+               "train_harnesses.jsonl": jsonl_text(train)}
     for name, text in outputs.items():
         atomic_write_text(run / name, text)
     print(f"H_tr: {len(train)} configurations ({args.method}), held out: {len(heldout)}; wrote "

@@ -5,12 +5,17 @@ The paper's locality-aware assignment. For each task x:
     then     the K-1 other configurations of H_tr with the smallest Hamming distance to h_x
     H_x = {h_x, h_x^(1), ..., h_x^(K-1)}
 Ties at the cut-off are broken by a seeded random draw (never by file order). Over the RL
-iterations a task is run under the K harnesses of its group, so it sees small, controlled
-variations of one harness, while different tasks (different anchors) spread over all of H_tr.
+iterations a task is run under the K harnesses of its group (its i-th visit in 04 uses H_x[i mod K]),
+so it sees small, controlled variations of one harness, while different tasks (different
+anchors) spread over all of H_tr.
 `--method random` (the ablation) gives each task K distinct training configurations uniformly.
+A training record may have "levels": null (an out-of-space harness of data/external_harnesses.json, for the
+black-box baselines): Hamming distance to it is undefined, so it works with K = 1 or --method random only
+(its distances are written as null); --method locality with K > 1 stops with an error naming its line.
 
 Reads  RUN/train_harnesses.jsonl (stage 02) and a task file (JSONL, each line with a "task_id")
 Writes RUN/assignment.jsonl: {"task_id": ..., "harness_ids": [anchor, ...], "hamming_to_anchor": [0, ...]}
+       (null where a distance is undefined)
        RUN/03_assignment_config.json
 Prints how often each training configuration is used and the mean within-group Hamming
 distance of this assignment beside what random assignment gives (exact expectation).
@@ -86,23 +91,36 @@ def read_jsonl(path, hint=""):
 
 
 def hamming(levels_a, levels_b):
-    """Hamming distance between two configurations (dicts component -> level)."""
+    """Hamming distance between two configurations (dicts component -> level); None if one has no levels."""
+    if levels_a is None or levels_b is None:
+        return None
     # d_H(h_i, h_j) = sum over components c in {S,T,O,C,W} of 1[h_i^c != h_j^c]
     return sum(levels_a[c] != levels_b[c] for c in levels_a)
 
 
-def load_train(path):
-    """The training configurations: [(harness_id, levels)] in file order, checked."""
+def mean(values):
+    """Mean of a list; None if it is empty or holds an undefined (None) value."""
+    return None if not values or None in values else sum(values) / len(values)
+
+
+def load_train(path, need_levels):
+    """The training configurations: [(harness_id, levels or None)] in file order, checked.
+    need_levels: every record must have levels (locality with K > 1 measures Hamming distances)."""
     train, keys, seen = [], None, {}
     for n, rec in read_jsonl(path, hint=" (run 02_orthogonal_design.py first)"):
         hid, levels = rec.get("harness_id"), rec.get("levels")
         if not isinstance(hid, str) or not hid:
             fail(f"{path}, line {n}: field 'harness_id' is missing or not a string")
-        if not isinstance(levels, dict) or not levels or not all(isinstance(v, int) for v in levels.values()):
-            fail(f"{path}, line {n}: field 'levels' must be an object component -> integer level")
-        keys = keys or sorted(levels)
-        if sorted(levels) != keys:
-            fail(f"{path}, line {n}: field 'levels' has components {sorted(levels)}, earlier lines {keys}")
+        if levels is None and need_levels:  # an out-of-space harness: no levels, no Hamming distance
+            fail(f"{path}, line {n}: field 'levels' is {'null' if 'levels' in rec else 'missing'}, so the Hamming "
+                 f"distance to {hid!r} is undefined: --method locality needs --k 1 here (or use --method random)")
+        if levels is not None:
+            if not isinstance(levels, dict) or not levels or not all(isinstance(v, int) for v in levels.values()):
+                fail(f"{path}, line {n}: field 'levels' must be an object component -> integer level "
+                     "(or null for an out-of-space harness)")
+            keys = keys or sorted(levels)
+            if sorted(levels) != keys:
+                fail(f"{path}, line {n}: field 'levels' has components {sorted(levels)}, earlier lines {keys}")
         if hid in seen:
             fail(f"{path}, line {n}: field 'harness_id' {hid!r} repeats line {seen[hid]}")
         seen[hid] = n
@@ -148,9 +166,8 @@ def random_group(train, k, rng):
 
 
 def mean_pairwise_distance(group):
-    """Mean d_H over the unordered pairs of a group (None for a group of one)."""
-    pairs = list(itertools.combinations(group, 2))
-    return sum(hamming(a[1], b[1]) for a, b in pairs) / len(pairs) if pairs else None
+    """Mean d_H over the unordered pairs of a group (None for a group of one or an undefined distance)."""
+    return mean([hamming(a[1], b[1]) for a, b in itertools.combinations(group, 2)])
 
 
 # ---------------------------------------------------------------------------------------
@@ -160,7 +177,7 @@ def main(argv=None):
     args = parse_args(argv)
     run = Path(args.run)
     train_path = run / "train_harnesses.jsonl"
-    train = load_train(train_path)
+    train = load_train(train_path, need_levels=args.method == "locality" and args.k > 1)
     task_ids = load_task_ids(args.tasks)
     if args.k < 1:
         fail(f"--k {args.k}: must be at least 1")
@@ -174,7 +191,7 @@ def main(argv=None):
         group = make_group(train, args.k, rng)
         groups.append(group)
         records.append({"task_id": tid, "harness_ids": [h[0] for h in group],
-                        "hamming_to_anchor": [hamming(group[0][1], h[1]) for h in group]})
+                        "hamming_to_anchor": [0] + [hamming(group[0][1], h[1]) for h in group[1:]]})
 
     # Usage: in how many task groups each training configuration appears (and as anchor).
     used = Counter(h[0] for g in groups for h in g)
@@ -182,10 +199,10 @@ def main(argv=None):
     # Locality: mean within-group d_H here vs random assignment. For K distinct uniform
     # configurations every pair in the group is a uniform pair of H_tr, so its expectation is
     # E_random[d_H] = mean of d_H(h_i, h_j) over all unordered pairs i < j of H_tr (exact).
-    within = [m for m in (mean_pairwise_distance(g) for g in groups) if m is not None]
-    mean_within = sum(within) / len(within) if within else None
+    # Each is None (n/a) where undefined: K = 1, or a harness without levels.
+    mean_within = mean([mean_pairwise_distance(g) for g in groups if len(g) > 1])
     random_expect = mean_pairwise_distance(train)
-    mean_to_anchor = sum(sum(r["hamming_to_anchor"][1:]) for r in records) / max(1, len(records) * (args.k - 1))
+    mean_to_anchor = mean([d for r in records for d in r["hamming_to_anchor"][1:]])
 
     print(f"tasks: {len(task_ids)} from {args.tasks}; H_tr: {len(train)} configurations from {train_path}")
     print(f"method {args.method}, K = {args.k}, seed {args.seed}")
@@ -197,18 +214,20 @@ def main(argv=None):
           f"(mean {len(task_ids) * args.k / len(train):.2f} = tasks * K / |H_tr|); "
           f"configurations never used: {sum(used[h] == 0 for h, _ in train)}")
     if mean_within is None:
-        print("mean within-group Hamming distance: n/a (K = 1 or a training set of one)")
+        why = "K = 1" if args.k == 1 else "undefined for a harness without levels"
+        print(f"mean within-group Hamming distance: n/a ({why})")
     else:
+        expect = "n/a" if random_expect is None else f"{random_expect:.3f}"
         print(f"mean within-group Hamming distance: {mean_within:.3f} ({args.method}, this assignment) vs "
-              f"{random_expect:.3f} for random assignment (exact expectation)")
+              f"{expect} for random assignment (exact expectation)")
         print(f"mean Hamming distance anchor -> other members: {mean_to_anchor:.3f}")
 
     config = {"stage": "03_assignment", "args": vars(args), "n_tasks": len(task_ids), "n_train": len(train),
               "usage": dict(sorted(used.items())), "anchor_usage": dict(sorted(anchors.items())),
               "mean_within_group_hamming": mean_within, "random_expected_within_group_hamming": random_expect,
               "mean_hamming_to_anchor": mean_to_anchor}
-    atomic_write_text(run / "assignment.jsonl", jsonl_text(records))
     atomic_write_text(run / "03_assignment_config.json", json.dumps(config, indent=1) + "\n")
+    atomic_write_text(run / "assignment.jsonl", jsonl_text(records))  # last: its presence means 03 finished
     print(f"wrote {run / 'assignment.jsonl'} ({len(records)} tasks), {run / '03_assignment_config.json'}")
 
 

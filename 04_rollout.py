@@ -1,6 +1,6 @@
 """Stage 04: the workspace environment, the harness interpreter, and multi-turn rollouts.
 
-    # train mode: tasks of iteration t from DIR/assignment.jsonl, task x under H_x[t mod K], G samples each
+    # train mode: tasks of iteration t from DIR/assignment.jsonl, x's i-th visit under H_x[i mod K], G samples each
     python 04_rollout.py --run runs/toy --iteration 0 --group-size 4 --tasks-per-iteration 32
     python 04_rollout.py --run runs/toy --iteration 0 --policy oracle --tokenizer runs/toy/init_policy
     # eval mode: tasks (default data/test_tasks.jsonl) x harnesses x samples
@@ -21,8 +21,10 @@ Episode rules: one observation per reply (outputs cut at O.max_chars, errors via
 shown name, "parser" or "workflow"; W's budget reminder last). Parse error (one counted per reply): no call, a
 malformed call, calls past T.max_calls_per_turn. Tool error: unknown tool, bad argument, an exception in a tool.
 Workflow violation (nothing run): a W1 first reply without plan_prefix, no reply_marker line, a submit without a
-verify_marker line. Finish: "submitted", "turn_budget" or "context_limit" (prompt > positions - max new tokens);
-reward = the checker on the final workspace and answer. Writes DIR/iter_{t:03d}/rollouts.jsonl or --out + config.
+verify_marker line. Per episode: workflow_checks = W rules checked (a violation is a failed check), error_turns /
+valid_call_turns = the 1-based turns with any error above / with a call that ran without error. Finish:
+"submitted", "turn_budget" or "context_limit" (prompt > positions - max new tokens); reward = the checker on the
+final workspace and answer. Writes DIR/iter_{t:03d}/rollouts.jsonl or --out + config.
 """
 import argparse
 import ast
@@ -34,6 +36,7 @@ import random
 import re
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from tqdm import tqdm
@@ -584,8 +587,9 @@ class Episode:
         self.ws = Workspace(task["files"])
         self.messages = initial_messages(harness, task, max_turns)
         self.n_head = len(self.messages)
-        self.turns = self.parse_errors = self.tool_errors = self.workflow_violations = 0
+        self.turns = self.parse_errors = self.tool_errors = self.workflow_violations = self.workflow_checks = 0
         self.model_turns, self.finish_reason, self.reward = [], None, 0.0
+        self.error_turns, self.valid_call_turns = [], []  # 1-based turns with an error / a call that ran cleanly
 
     @property
     def done(self):
@@ -607,12 +611,18 @@ class Episode:
         self.turns += 1
         self.messages.append({"role": "assistant", "content": reply})
         W, T, O = self.W, self.T, self.O
-        parts, n_errors, calls, limit = [], 0, 0, T.get("max_calls_per_turn", 1)
+        parts, n_errors, calls, limit, ran = [], 0, 0, T.get("max_calls_per_turn", 1), []
+        errors_before = self.tool_errors + self.workflow_violations
         plan, marker, verify = W.get("plan_prefix") or "Plan:", W.get("reply_marker"), W.get("verify_marker") or ""
-        if W.get("plan_first") and self.turns == 1 and not reply.lstrip().startswith(plan):
-            parts.append(self.violation(f"your first reply must start with '{plan}'; nothing was run"))
-        elif marker and not has_line(reply, marker):
-            parts.append(self.violation(f"every reply needs a line starting with '{marker}'; nothing was run"))
+        # each W rule checked counts in workflow_checks; each failed check is one workflow violation
+        if W.get("plan_first") and self.turns == 1:
+            self.workflow_checks += 1
+            if not reply.lstrip().startswith(plan):
+                parts.append(self.violation(f"your first reply must start with '{plan}'; nothing was run"))
+        if marker and not parts:
+            self.workflow_checks += 1
+            if not has_line(reply, marker):
+                parts.append(self.violation(f"every reply needs a line starting with '{marker}'; nothing was run"))
         for item in [] if parts else parse_reply(T, reply) or [("error", "no tool call found")]:
             calls += item[0] == "call"
             if item[0] == "error" or calls > limit:
@@ -626,23 +636,32 @@ class Episode:
             name = item[1]
             try:
                 tool, args = to_canonical(T, name, item[2])
-                if tool == "submit" and W.get("verify_before_submit") and not has_line(reply, verify):
-                    parts.append(self.violation(f"{name} refused: the reply that calls it needs a line starting "
-                                                f"with '{verify}'"))
-                    continue
+                if tool == "submit" and W.get("verify_before_submit"):
+                    self.workflow_checks += 1
+                    if not has_line(reply, verify):
+                        parts.append(self.violation(f"{name} refused: the reply that calls it needs a line "
+                                                    f"starting with '{verify}'"))
+                        continue
                 output = self.ws.call(tool, args)
             except Exception as e:  # a ToolError, or anything unexpected inside a tool: an observation, not a crash
                 self.tool_errors += 1
                 parts.append(format_error(O, name, str(e) if isinstance(e, ToolError) else
                                           f"the tool failed ({type(e).__name__})"))
                 continue
+            ran.append(tool)  # a call that parsed and ran without error
             if tool == "submit":
-                self.parse_errors += n_errors > 0
-                return self.finish("submitted")
+                break
             parts.append(format_output(O, name, output))
+        self.parse_errors += n_errors > 0
+        # per-turn facts (06: recovery = share of error turns followed by a turn with a valid call)
+        if n_errors or self.tool_errors + self.workflow_violations > errors_before:
+            self.error_turns.append(self.turns)
+        if ran:
+            self.valid_call_turns.append(self.turns)
+        if "submit" in ran:
+            return self.finish("submitted")
         if n_errors > MAX_SHOWN:
             parts.append(format_error(O, "parser", f"{n_errors - MAX_SHOWN} more parse errors not shown"))
-        self.parse_errors += n_errors > 0
         observation = "\n".join(parts)
         if W.get("budget_reminder"):
             observation += "\n" + fill(W["budget_reminder"], left=self.max_turns - self.turns)
@@ -655,7 +674,9 @@ class Episode:
                 "harness_id": self.harness["harness_id"], "policy": policy, "temperature": temperature,
                 "reward": self.reward, "success": self.reward == 1.0, "finish_reason": self.finish_reason,
                 "turns": self.turns, "parse_errors": self.parse_errors, "tool_errors": self.tool_errors,
-                "workflow_violations": self.workflow_violations, "submitted_answer": self.ws.answer,
+                "workflow_violations": self.workflow_violations, "workflow_checks": self.workflow_checks,
+                "error_turns": self.error_turns, "valid_call_turns": self.valid_call_turns,
+                "submitted_answer": self.ws.answer,
                 "transcript": self.messages, "model_turns": self.model_turns}
 
 
@@ -756,11 +777,15 @@ def train_jobs(args, tasks_by_id, tasks_path):
         assignment[row["task_id"]] = hids
     if not assignment:
         raise InputError(f"{path}: no episodes to run (empty assignment)")
+    # visit i of task x = how many earlier batches t' < t held x (recomputed, no state file); it runs H_x[i mod K],
+    # so every task sees all K harnesses of its group, whatever the batch order
+    ids, size, seed = list(assignment), args.tasks_per_iteration, args.order_seed
+    visits = Counter(tid for u in range(t) for tid in train_batch(ids, u, size, seed))
     jobs = []
-    for tid in train_batch(list(assignment), t, args.tasks_per_iteration, args.order_seed):
-        hid = assignment[tid][t % len(assignment[tid])]  # H_x[t mod K]: successive iterations rotate through H_x
+    for tid in train_batch(ids, t, size, seed):
+        hid = assignment[tid][visits[tid] % len(assignment[tid])]  # H_x[i mod K]
         for s in range(args.group_size):
-            meta = {"episode_id": f"it{t:03d}-{tid}-{hid}-s{s}", "iteration": t,
+            meta = {"episode_id": f"it{t:03d}-{tid}-{hid}-s{s}", "iteration": t, "visit": visits[tid],
                     "group_id": f"{tid}|{hid}|it{t:03d}", "sample_index": s}
             jobs.append((tasks_by_id[tid], known[hid], meta))
     return jobs, run / f"iter_{t:03d}" / "rollouts.jsonl"
@@ -799,7 +824,7 @@ def eval_jobs(args, tasks):
     if not harnesses:
         raise InputError(f"--harnesses {args.harnesses}: no harness selected")
     jobs = [(task, h, {"episode_id": f"eval-{task['task_id']}-{h['harness_id']}-s{s}", "iteration": None,
-                       "group_id": f"{task['task_id']}|{h['harness_id']}|eval", "sample_index": s})
+                       "visit": None, "group_id": f"{task['task_id']}|{h['harness_id']}|eval", "sample_index": s})
             for h in harnesses for task in tasks for s in range(args.samples)]
     return jobs, Path(args.out)
 

@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from conftest import run_stage
+from conftest import ROOT, run_stage
 
 N_TASKS = 180
 
@@ -149,6 +149,46 @@ def test_four_level_component(tmp_path):
     train = train_ids(run)
     assert len(train) == 36 and any("-W3" in h for h in train)
     assert_true_k_nearest(read_jsonl(run / "assignment.jsonl"), train, 4)
+
+
+def test_out_of_space_training_harness_without_levels(base, tmp_path):
+    """Black-box baselines train in an out-of-space harness ("levels": null, as in data/external_harnesses.json):
+    K = 1 and --method random work; locality with K > 1 cannot measure Hamming distances and stops, naming the
+    file, the line and the field."""
+    external = {h["harness_id"]: h for h in json.loads((ROOT / "data" / "external_harnesses.json").read_text())}
+    assert external["X-shell"]["levels"] is None
+    tasks = write_tasks(tmp_path / "tasks.jsonl", 12)
+    run = tmp_path / "one"
+    run.mkdir()
+    (run / "train_harnesses.jsonl").write_text(json.dumps(external["X-shell"]) + "\n")
+    proc = run_stage("03_assignment.py", "--run", run, "--tasks", tasks, "--k", 1, "--method", "locality")
+    records = read_jsonl(run / "assignment.jsonl")
+    assert len(records) == 12 and all(r["harness_ids"] == ["X-shell"] and r["hamming_to_anchor"] == [0]
+                                      for r in records)
+    assert "mean within-group Hamming distance: n/a (K = 1)" in proc.stdout
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    in_space = (base[0] / "train_harnesses.jsonl").read_text().splitlines()[:2]
+    (mixed / "train_harnesses.jsonl").write_text("\n".join(in_space + [json.dumps(external["X-shell"])]) + "\n")
+    for k in (2, 3):
+        proc = run_stage("03_assignment.py", "--run", mixed, "--tasks", tasks, "--k", k, check=False)
+        err = proc.stderr.strip()
+        assert proc.returncode == 2 and err.startswith("error:") and len(err.splitlines()) == 1, err
+        assert "train_harnesses.jsonl, line 3: field 'levels' is null" in err and "Hamming" in err, err
+        assert "'X-shell'" in err and "--k 1" in err and not (mixed / "assignment.jsonl").exists()
+    proc = run_stage("03_assignment.py", "--run", mixed, "--tasks", tasks, "--k", 3, "--method", "random")
+    for r in read_jsonl(mixed / "assignment.jsonl"):  # a distance to X-shell is null, the others are counted
+        anchor = r["harness_ids"][0]
+        assert sorted(r["harness_ids"]) == sorted(train_ids(mixed)) and r["hamming_to_anchor"][0] == 0
+        assert r["hamming_to_anchor"][1:] == [None if "X-shell" in (anchor, h) else d_ids(anchor, h)
+                                              for h in r["harness_ids"][1:]]
+    assert "n/a (undefined for a harness without levels)" in proc.stdout
+    lines = (mixed / "train_harnesses.jsonl").read_text().splitlines()
+    lines[2] = json.dumps({k: v for k, v in external["X-shell"].items() if k != "levels"})
+    (mixed / "train_harnesses.jsonl").write_text("\n".join(lines) + "\n")
+    proc = run_stage("03_assignment.py", "--run", mixed, "--tasks", tasks, "--k", 2, check=False)
+    assert proc.returncode == 2 and "line 3: field 'levels' is missing" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("case", ["missing_tasks", "default_tasks_missing", "malformed_line", "no_task_id",

@@ -105,7 +105,8 @@ def test_train_mode_rotation_groups_and_batch_cycling(tmp_path):
         batch = sorted({r["task_id"] for r in records})
         assert len(records) == 12 and len(batch) == 4
         for r in records:
-            assert r["harness_id"] == assignment[r["task_id"]][t % 3]  # H_x[t mod K]
+            i = sum(r["task_id"] in b for b in seen)  # earlier iterations whose batch held the task
+            assert r["visit"] == i and r["harness_id"] == assignment[r["task_id"]][i % 3]  # H_x[i mod K]
             assert r["iteration"] == t and r["group_id"] == f"{r['task_id']}|{r['harness_id']}|it{t:03d}"
             assert r["episode_id"] == f"it{t:03d}-{r['task_id']}-{r['harness_id']}-s{r['sample_index']}"
             assert r["success"] and r["model_turns"] == [] and r["policy"] == "oracle"
@@ -117,6 +118,51 @@ def test_train_mode_rotation_groups_and_batch_cycling(tmp_path):
     R.main(["--run", str(tmp_path), "--iteration", "0", "--policy", "oracle", "--tasks", str(tmp_path / "tasks.jsonl"),
             "--group-size", "3", "--tasks-per-iteration", "4"])
     assert (tmp_path / "iter_000" / "rollouts.jsonl").read_text() == first  # same seed, same file
+
+
+def test_train_mode_each_visit_takes_the_next_harness_of_the_group(tmp_path):
+    """A task's i-th visit runs H_x[i mod K]. 4 tasks, B = 2: iterations 0-5 are 3 epochs, each visiting every task
+    once at a reshuffled place. The old rule H_x[t mod K] could not pass: a second visit is at t = 2 or 3, which
+    gives H_x[2] or H_x[0], never H_x[1]."""
+    tasks = small_tasks(tmp_path / "tasks.jsonl")[:4]
+    H.write_jsonl(tmp_path / "tasks.jsonl", tasks)
+    ids = [h["harness_id"] for h in H.space_records()]
+    assignment = {t["task_id"]: [ids[7 * i], ids[7 * i + 1], ids[7 * i + 5]] for i, t in enumerate(tasks)}
+    H.make_run(tmp_path, {h for hs in assignment.values() for h in hs}, assignment)
+    visits = {tid: [] for tid in assignment}
+    for t in range(6):
+        R.main(["--run", str(tmp_path), "--iteration", str(t), "--policy", "oracle", "--tasks",
+                str(tmp_path / "tasks.jsonl"), "--group-size", "2", "--tasks-per-iteration", "2"])
+        records = [json.loads(x) for x in (tmp_path / f"iter_{t:03d}" / "rollouts.jsonl").read_text().splitlines()]
+        assert len(records) == 4 and len({r["task_id"] for r in records}) == 2
+        for r in records:
+            assert r["success"] and r["iteration"] == t
+            # the oracle makes no error and one valid call a turn; checks: W1 plan once, W2 the one submit
+            assert r["error_turns"] == [] and r["valid_call_turns"] == list(range(1, r["turns"] + 1))
+            assert r["workflow_checks"] == {"W0": 0, "W1": 1, "W2": 1}[r["harness_id"][-2:]]
+            if r["sample_index"] == 0:
+                visits[r["task_id"]].append((r["visit"], r["harness_id"]))
+    for tid, seen in visits.items():
+        assert seen == [(0, assignment[tid][0]), (1, assignment[tid][1]), (2, assignment[tid][2])], tid
+
+
+def test_train_mode_in_an_out_of_space_harness(tmp_path):
+    """Black-box baseline: train_harnesses.jsonl holds only X-shell ("levels": null), as in
+    data/external_harnesses.json; 03 (locality, K = 1) gives it to every task and 04 trains in it."""
+    tasks = small_tasks(tmp_path / "tasks.jsonl")
+    external = json.loads((H.ROOT / "data" / "external_harnesses.json").read_text())
+    (xshell,) = [h for h in external if h["harness_id"] == "X-shell"]
+    assert xshell["levels"] is None
+    H.write_jsonl(tmp_path / "train_harnesses.jsonl", [xshell])
+    run_stage("03_assignment.py", "--run", tmp_path, "--tasks", tmp_path / "tasks.jsonl", "--k", 1,
+              "--method", "locality")
+    for t in range(2):
+        R.main(["--run", str(tmp_path), "--iteration", str(t), "--policy", "oracle", "--tasks",
+                str(tmp_path / "tasks.jsonl"), "--group-size", "2", "--tasks-per-iteration", "3"])
+        records = [json.loads(x) for x in (tmp_path / f"iter_{t:03d}" / "rollouts.jsonl").read_text().splitlines()]
+        assert len(records) == 6 and {r["harness_id"] for r in records} == {"X-shell"}
+        assert all(r["success"] and r["finish_reason"] == "submitted" and r["visit"] == 0 for r in records)
+        assert all(r["transcript"][0]["content"].startswith(xshell["specs"]["S"]["template"][:20]) for r in records)
 
 
 def test_train_batch_selection():

@@ -218,6 +218,72 @@ def test_react_requires_a_thought_line():
     assert ep.workflow_violations == 1 and ep.messages[-1]["content"].startswith("Observation: ERROR (workflow)")
 
 
+# ----------------------------------------------------------------------------- per-turn facts for 06's metrics
+HERMES_READ = '<tool_call>{"name": "read_file", "arguments": {"path": "%s"}}</tool_call>'
+HERMES_SUBMIT = '<tool_call>{"name": "submit", "arguments": {"answer": "417"}}</tool_call>'
+
+
+def facts(ep):
+    r = ep.record("p", 1.0)
+    return r["workflow_checks"], r["workflow_violations"], r["error_turns"], r["valid_call_turns"]
+
+
+def test_workflow_checks_count_only_where_a_rule_applies():
+    ep = episode("S0-T0-O0-C0-W1")  # plan_first: checked on the first reply only
+    ep.step("Plan: read, submit.\n" + HERMES_READ % "river.txt")
+    ep.step(HERMES_READ % "stone.txt")
+    ep.step(HERMES_SUBMIT)
+    assert facts(ep) == (1, 0, [], [1, 2, 3]) and ep.finish_reason == "submitted"
+    ep = episode("S0-T0-O0-C0-W1")
+    ep.step(HERMES_READ % "river.txt")  # no plan: a violation, nothing run
+    ep.step(HERMES_SUBMIT)
+    assert facts(ep) == (1, 1, [1], [2])
+
+    ep = episode("X-react")  # reply_marker: checked on every reply
+    ep.step('Thought: read it\nAction: ReadFile\nAction Input: {"file_path": "river.txt"}')
+    ep.step('Action: ReadFile\nAction Input: {"file_path": "stone.txt"}')  # no Thought line
+    ep.step("Thought: it is 417\nFinal Answer: 417")
+    assert facts(ep) == (3, 1, [2], [1, 3]) and ep.reward == 1.0
+
+    ep = episode("S0-T0-O0-C0-W2")  # verify_before_submit: checked on every submit call, not on other calls
+    ep.step(HERMES_SUBMIT)  # no Checked line: refused
+    ep.step(HERMES_READ % "river.txt")
+    ep.step("Checked: the file says 417\n" + HERMES_SUBMIT)
+    assert facts(ep) == (2, 1, [1], [2, 3]) and ep.reward == 1.0
+    ep = episode("S0-T2-O0-C0-W2")  # three calls a reply: two refused submits are two failed checks
+    ep.step('done(value="1")\ncat(filename="river.txt")\ndone(value="417")')
+    assert facts(ep) == (2, 2, [1], [1]) and ep.finish_reason is None
+
+    for hid in ("S0-T0-O0-C0-W0", "X-shell"):  # no rule: no checks, whatever the replies
+        ep = episode(hid)
+        for reply in ("nothing", HERMES_READ % "nope.txt", "```sh\ncat nope.txt\n```", HERMES_SUBMIT):
+            ep.step(reply)
+        assert facts(ep)[:2] == (0, 0)
+
+
+def test_error_turns_and_valid_call_turns():
+    ep = episode("S0-T0-O0-C0-W0")
+    ep.step("I don't know")                        # 1: parse error (no call)
+    ep.step(HERMES_READ % "river.txt")             # 2: valid: recovered from turn 1
+    ep.step(HERMES_READ % "nope.txt")              # 3: tool error
+    ep.step("<tool_call>{not json}</tool_call>")   # 4: parse error: turn 3 not recovered from
+    ep.step(HERMES_READ % "stone.txt" + HERMES_READ % "river.txt")  # 5: one call ran, one too many
+    ep.step(HERMES_SUBMIT)                         # 6: valid, submitted
+    assert facts(ep) == (0, 0, [1, 3, 4, 5], [2, 5, 6])
+    assert ep.finish_reason == "submitted" and ep.parse_errors == 3 and ep.tool_errors == 1
+
+    ep = episode("S0-T2-O0-C0-W0")  # python_call: up to three calls in one reply
+    ep.step('cat(filename="nope.txt")\ncompute(formula="1/0")')  # 1: two tool errors, nothing valid
+    ep.step('cat(filename="nope.txt")\ncat(filename="river.txt")')  # 2: an error and a valid call
+    ep.step('cat("river.txt")\ndone(value="417")')  # 3: a parse error, then a submit that ends the episode
+    assert facts(ep) == (0, 0, [1, 2, 3], [2, 3]) and ep.reward == 1.0 and ep.turns == 3
+    r = ep.record("p", 1.0)
+    assert (r["parse_errors"], r["tool_errors"]) == (1, 3)
+    # recovery as 06 computes it: error turns followed by a turn with a valid call
+    recovered = [t for t in r["error_turns"] if t + 1 in r["valid_call_turns"]]
+    assert recovered == [1, 2]
+
+
 # ----------------------------------------------------------------------------- observations
 def test_o1_envelope_with_line_numbers():
     ep = episode("S0-T1-O1-C0-W0")
