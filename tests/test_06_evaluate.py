@@ -1,5 +1,7 @@
 """Stage 06: scoring maths against hand computations, and the CLI on synthetic rollout files."""
+import itertools
 import json
+import random
 
 import numpy as np
 import pytest
@@ -7,6 +9,8 @@ import pytest
 from conftest import load_stage, run_stage
 
 ev = load_stage("06_evaluate.py")
+BASE = "S0-T0-O0-C0-W0"
+SPACE_IDS = ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W1"]
 
 
 def episode(task, harness, success, **kw):
@@ -22,14 +26,14 @@ def test_pass_at_1_averages_pairs_then_samples():
            episode("a", "S1-T0-O0-C0-W0", True), episode("b", "S0-T0-O0-C0-W0", False)]
     s = ev.score_split(eps, n_boot=200, seed=0)
     assert s["pass@1"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)
-    assert s["pairs"] == 3 and s["tasks"] == 2
+    assert s["pairs"] == 3 and s["tasks"] == 2 and s["ci_method"] == "bootstrap"
     assert s["per_harness"] == {"S0-T0-O0-C0-W0": pytest.approx(0.25), "S1-T0-O0-C0-W0": 1.0}
 
 
 def test_bootstrap_interval_matches_an_independent_resampling():
     rng = np.random.default_rng(1)
     eps = [episode(f"t{i}", "S0-T0-O0-C0-W0", bool(rng.random() < 0.6)) for i in range(40)]
-    lo, hi = ev.bootstrap_ci(eps, n_boot=2000, seed=3)
+    lo, hi = ev.bootstrap_ci([float(e["success"]) for e in eps], n_boot=2000, seed=3)  # one pair per task
     # independent: resample the 40 task outcomes with the same generator draws, plain python
     outcomes = [float(e["success"]) for e in eps]
     r = np.random.default_rng(3)
@@ -41,66 +45,150 @@ def test_bootstrap_interval_matches_an_independent_resampling():
     half = 1.96 * np.sqrt(p * (1 - p) / 40)  # the normal approximation lands close to the bootstrap
     assert abs((hi - lo) / 2 - half) < 0.03
     assert lo < p < hi
+    assert ev.score_split(eps, 2000, 3)["ci95"] == [lo, hi]
 
 
-def test_behaviour_and_component_breakdown():
-    eps = [episode("a", "S0-T1-O0-C0-W0", True, parse_errors=1, turns=4),
-           episode("b", "S0-T1-O0-C0-W0", False, tool_errors=2, turns=6, finish_reason="turn_budget"),
-           episode("c", "S0-T0-O0-C0-W1", True, workflow_violations=1, turns=2),
-           episode("d", "X-shell", False, turns=4)]
+def exact_quantile(values, q):
+    """q-quantile of the mean of len(values) draws with replacement, by enumerating every resample."""
+    n = len(values)
+    means = [sum(values[i] for i in draw) / n for draw in itertools.product(range(n), repeat=n)]
+    atoms, counts = np.unique(np.round(means, 9), return_counts=True)
+    cdf = np.cumsum(counts) / len(means)
+    k = int(np.searchsorted(cdf, q))  # the first atom whose CDF reaches q
+    return atoms[k], min(cdf[k] - q, q - (cdf[k - 1] if k else 0))  # the quantile, its distance to an atom's edge
+
+
+def test_paired_bootstrap_matches_exact_enumeration():
+    # 4 tasks, per-task difference row - reference: every one of the 4^4 = 256 resamples is equally likely
+    row, ref = np.array([1.0, 0.5, 1.0, 0.0]), np.array([0.0, 0.5, 0.5, 1.0])
+    d = list(row - ref)  # [1, 0, 0.5, -1]
+    lo_exact, m_lo = exact_quantile(d, 0.025)
+    hi_exact, m_hi = exact_quantile(d, 0.975)
+    assert min(m_lo, m_hi) > 0.004  # the quantiles sit well inside an atom: sampling noise cannot move them
+    lo, hi = ev.bootstrap_ci(row - ref, n_boot=40000, seed=7)
+    assert (lo, hi) == (pytest.approx(lo_exact), pytest.approx(hi_exact))
+    assert lo < np.mean(d) < hi
+
+
+def test_clopper_pearson_where_the_bootstrap_collapses():
+    lo, hi = ev.exact_ci(0, 40)
+    assert lo == 0 and hi == pytest.approx(0.0881, abs=1e-4)
+    assert (1 - hi) ** 40 == pytest.approx(0.025)  # P(0 successes in 40 | p = upper bound) = 2.5%
+    lo, hi = ev.exact_ci(40, 40)
+    assert hi == 1 and lo == pytest.approx(1 - 0.0881, abs=1e-4) and lo ** 40 == pytest.approx(0.025)
+    none = ev.score_split([episode(f"t{i}", BASE, False) for i in range(40)], 500, 0)
+    assert none["ci_method"] == "exact" and none["ci95"] == pytest.approx([0, 0.0881], abs=1e-4)
+    every = ev.score_split([episode(f"t{i}", h, True) for i in range(40) for h in SPACE_IDS], 500, 0)
+    assert every["ci_method"] == "exact" and every["ci95"][0] == pytest.approx(0.9119, abs=1e-4)  # n = 40 tasks
+    mixed = ev.score_split([episode(f"t{i}", BASE, i == 0) for i in range(40)], 500, 0)
+    assert mixed["ci_method"] == "bootstrap"
+
+
+def test_behaviour_compliance_and_recovery_hand_counted():
+    eps = [
+        # 4 turns; errors at 1 and 3 (3 < 4: both count); turn 2 has a valid call, turn 4 not -> 1 of 2 recovered
+        episode("a", BASE, True, turns=4, parse_errors=1, tool_errors=1, workflow_checks=3, workflow_violations=1,
+                error_turns=[1, 3], valid_call_turns=[2]),
+        # 3 turns; error at 2 recovered at 3; error at 3 is the last turn: not counted
+        episode("b", BASE, False, turns=3, tool_errors=2, workflow_checks=2, workflow_violations=0,
+                error_turns=[2, 3], valid_call_turns=[1, 3], finish_reason="turn_budget"),
+        # no workflow checks (W0): left out of compliance; no errors
+        episode("c", BASE, True, turns=1, workflow_checks=0, error_turns=[], valid_call_turns=[1]),
+    ]
     b = ev.behaviour(eps)
-    assert b["parse_error_rate"] == pytest.approx(1 / 16)
-    assert b["recovery_rate"] == pytest.approx(0.5)  # 2 episodes had an error, 1 succeeded
-    assert b["workflow_compliance"] == pytest.approx(0.75)
-    assert b["mean_turns"] == pytest.approx(4.0)
-    assert b["submitted"] == pytest.approx(0.75)
+    assert b["workflow_checks"] == 5
+    assert b["workflow_compliance"] == pytest.approx(1 - 1 / 5)
+    assert b["recoverable_errors"] == 3 and b["recovery_rate"] == pytest.approx(2 / 3)
+    assert b["episodes_with_error"] == pytest.approx(2 / 3)
+    assert b["parse_error_rate"] == pytest.approx(1 / 8)
+    assert b["mean_turns"] == pytest.approx(8 / 3) and b["submitted"] == pytest.approx(2 / 3)
+    # old rollout files (no workflow_checks / error_turns / valid_call_turns): n/a, never a crash
+    old = ev.behaviour([episode("a", BASE, True, workflow_violations=1), episode("b", BASE, False, parse_errors=1)])
+    assert old["workflow_compliance"] is None and old["workflow_checks"] is None
+    assert old["recovery_rate"] is None and old["recoverable_errors"] is None
+    assert old["episodes_with_error"] == 0.5
+    mixed = ev.behaviour([eps[0], episode("z", BASE, True)])  # one record lacks the fields: n/a
+    assert mixed["workflow_compliance"] is None and mixed["recovery_rate"] is None
+
+
+def test_per_component_counts_and_wilson_interval():
+    eps = [episode("a", "S0-T1-O0-C0-W0", True), episode("b", "S0-T1-O0-C0-W0", False),
+           episode("a", "S1-T0-O0-C0-W1", True), episode("a", "S1-T0-O0-C0-W1", False),  # one pair, 2 samples
+           episode("b", "S1-T1-O0-C0-W1", True), episode("d", "X-shell", False)]
     comp = ev.per_component(eps)  # X-shell is out of space: ignored
-    assert comp["T"] == {"T0": 1.0, "T1": 0.5}
-    assert comp["W"] == {"W0": 0.5, "W1": 1.0}
-    assert comp["S"] == {"S0": pytest.approx(2 / 3)}
+    assert {k: (v["k"], v["n"]) for k, v in comp["T"].items()} == {"T0": (0.5, 1), "T1": (2, 3)}
+    assert {k: (v["k"], v["n"]) for k, v in comp["S"].items()} == {"S0": (1, 2), "S1": (1.5, 2)}
+    assert comp["W"]["W1"]["pass@1"] == pytest.approx(0.75)
+    # Wilson at 2/3, z = 1.96, by hand: centre (2/3 + z^2/6) / (1 + z^2/3), half z sqrt(2/27 + z^2/36) / (1 + z^2/3)
+    z = 1.96
+    centre, half = (2 / 3 + z * z / 6) / (1 + z * z / 3), z * np.sqrt(2 / 27 + z * z / 36) / (1 + z * z / 3)
+    assert comp["T"]["T1"]["ci95"] == pytest.approx([centre - half, centre + half])
+    assert ev.wilson(0, 10)[0] == 0 and ev.wilson(10, 10)[1] == 1
 
 
+# ----------------------------------------------------------------------------- CLI on hand-made rollout files
 def write_jsonl(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def make_run(tmp_path):
-    run = tmp_path / "run"
-    ids = ["S0-T0-O0-C0-W0", "S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W1"]
-    write_jsonl(run / "train_harnesses.jsonl", [{"harness_id": ids[0]}])
-    write_jsonl(run / "heldout_harnesses.jsonl", [{"harness_id": h} for h in ids[1:]])
-    write_jsonl(run / "iter_000" / "rollouts.jsonl", [episode("a", ids[0], False), episode("b", ids[0], True)])
-    out = run / "eval" / "mine"
-    write_jsonl(out / "base.jsonl", [episode(t, ids[0], t != "c") for t in "abcd"])
-    write_jsonl(out / "inspace.jsonl", [episode(t, h, h == ids[1]) for t in "abcd" for h in ids[1:]])
-    write_jsonl(out / "external.jsonl", [episode(t, "X-shell", t == "a") for t in "abcd"])
+def make_run(tmp_path, name="run", label="mine", train=(BASE,)):
+    run = tmp_path / name
+    write_jsonl(run / "train_harnesses.jsonl", [{"harness_id": h} for h in train])
+    write_jsonl(run / "heldout_harnesses.jsonl", [{"harness_id": h} for h in SPACE_IDS])
+    write_jsonl(run / "iter_000" / "rollouts.jsonl", [episode("a", BASE, False), episode("b", BASE, True)])
+    write_jsonl(tmp_path / "tasks.jsonl", [{"task_id": t} for t in "abcd"])
+    out = run / "eval" / label
+    write_jsonl(out / "base.jsonl", [episode(t, BASE, t != "c") for t in "abcd"])
+    write_jsonl(out / "inspace.jsonl", [episode(t, h, h == SPACE_IDS[0]) for t in "abcd" for h in SPACE_IDS])
+    write_jsonl(out / "external.jsonl", [episode(t, h, t == "a" and h == "X-shell") for t in "abcd"
+                                         for h in ("X-shell", "X-react")])
     write_jsonl(out / "smolagents.jsonl", [episode(t, "X-smolagents", t in "ab", framework="smolagents 9.9.9")
                                            for t in "abcd"])
     return run
 
 
+def score(run, *extra, label="mine", check=True):
+    return run_stage("06_evaluate.py", "--run", run, "--label", label, "--no-rollout", "--heldout", 3,
+                     "--tasks", run.parent / "tasks.jsonl", *extra, check=check)
+
+
 def test_cli_scores_existing_rollouts_and_compares(tmp_path):
     run = make_run(tmp_path)
-    proc = run_stage("06_evaluate.py", "--run", run, "--label", "mine", "--no-rollout", "--heldout", 3)
+    proc = score(run)
     summary = json.loads((run / "eval_summary.json").read_text())["mine"]
     assert summary["splits"]["base"]["pass@1"] == pytest.approx(0.75)
     assert summary["splits"]["inspace"]["pass@1"] == pytest.approx(1 / 3)
-    assert summary["splits"]["external"]["pass@1"] == pytest.approx(0.25)
+    assert summary["splits"]["external"]["pass@1"] == pytest.approx(1 / 8)
     assert summary["splits"]["smolagents"]["pass@1"] == pytest.approx(0.5)
     assert summary["training_curve"] == [{"iteration": 0, "reward_mean": 0.5, "success": 0.5}]
+    assert summary["train_ids"] == [BASE] and summary["eval_harnesses"] is None
+    assert summary["heldout_ids"] == sorted(SPACE_IDS) and summary["external_ids"] == ["X-shell", "X-react"]
+    comp = summary["per_component"]  # held-out in-space pairs only, never base
+    assert sum(v["n"] for v in comp["S"].values()) == 12 and comp["T"]["T2"] == {**comp["T"]["T2"], "k": 0, "n": 4}
     md = (run / "results.md").read_text()
     assert "| mine | 75.0 [" in md and "| Base | In-Space | Out-of-Space | smolagents 9.9.9 |" in md
+    assert "T1: 4/8 = 50% [" in md and "treated as independent" in md
     assert "| mine | 75.0 [" in proc.stdout
+    assert (run / "eval" / "mine" / "summary.json").stat().st_mtime_ns >= (run / "results.md").stat().st_mtime_ns
     cmp = run_stage("06_evaluate.py", "--compare", run, run)
     assert cmp.stdout.count("| run/mine | 75.0 [") == 2
+
+
+def test_cli_writes_summary_json_last(tmp_path, monkeypatch):
+    run, order = make_run(tmp_path), []
+    real = ev.write_atomic
+    monkeypatch.setattr(ev, "write_atomic", lambda path, text: (order.append(str(path)), real(path, text)))
+    ev.main(["--run", str(run), "--label", "mine", "--no-rollout", "--heldout", "3",
+             "--tasks", str(tmp_path / "tasks.jsonl")])
+    assert order[-1].endswith("summary.json") and "eval" in order[-1] and order[0].endswith("eval_summary.json")
 
 
 def test_cli_bad_input_names_file_and_line(tmp_path):
     run = make_run(tmp_path)
     bad = run / "eval" / "mine" / "base.jsonl"
     bad.write_text(bad.read_text() + "{not json\n")
-    proc = run_stage("06_evaluate.py", "--run", run, "--label", "mine", "--no-rollout", check=False)
+    proc = score(run, check=False)
     assert proc.returncode != 0
     assert f"{bad}:5" in proc.stderr
     assert not (run / "eval_summary.json").exists() and not (run / "results.md").exists()
@@ -110,12 +198,40 @@ def test_cli_bad_input_names_file_and_line(tmp_path):
 
 def test_cli_no_smolagents_leaves_the_framework_column_out(tmp_path):
     run = make_run(tmp_path)
-    run_stage("06_evaluate.py", "--run", run, "--label", "mine", "--no-rollout", "--heldout", 3, "--no-smolagents")
+    score(run, "--no-smolagents")
     summary = json.loads((run / "eval_summary.json").read_text())["mine"]
     assert set(summary["splits"]) == {"base", "inspace", "external"}
     assert "| Base | In-Space | Out-of-Space | smolagents |" in (run / "results.md").read_text()
 
 
+def test_no_rollout_refuses_files_with_other_pairs(tmp_path):
+    run = make_run(tmp_path)
+    proc = score(run, "--max-tasks", 3, check=False)  # the files hold task d too
+    assert proc.returncode != 0 and "base.jsonl: its (task_id, harness_id) pairs are not" in proc.stderr
+    assert "1 extra, e.g. ('d', 'S0-T0-O0-C0-W0')" in proc.stderr
+    train_x = make_run(tmp_path, "xrun", train=(BASE, "X-shell"))  # X-shell trained: not Out-of-Space here
+    proc = score(train_x, check=False)
+    assert proc.returncode != 0 and "external.jsonl" in proc.stderr and "'X-shell')" in proc.stderr
+
+
+def test_eval_harnesses_file_is_the_inspace_split_and_refuses_training_harnesses(tmp_path):
+    run = make_run(tmp_path)
+    eval_set = tmp_path / "eval_set.jsonl"
+    write_jsonl(eval_set, [{"harness_id": SPACE_IDS[2]}, {"harness_id": SPACE_IDS[0]}])
+    write_jsonl(run / "eval" / "mine" / "inspace.jsonl",
+                [episode(t, h, True) for t in "abcd" for h in SPACE_IDS[:1] + SPACE_IDS[2:]])
+    score(run, "--eval-harnesses", eval_set)
+    summary = json.loads((run / "eval" / "mine" / "summary.json").read_text())
+    assert summary["heldout_ids"] == sorted([SPACE_IDS[0], SPACE_IDS[2]]) and summary["eval_harnesses"] == str(eval_set)
+    for bad, why in ((BASE, "is the base harness"), ("S2-T2-O2-C2-W2", "is a training harness"),
+                     ("X-shell", "not an in-space configuration")):
+        write_jsonl(eval_set, [{"harness_id": SPACE_IDS[0]}, {"harness_id": bad}])
+        run2 = make_run(tmp_path, "run2", train=(BASE, "S2-T2-O2-C2-W2"))
+        proc = score(run2, "--eval-harnesses", eval_set, check=False)
+        assert proc.returncode != 0 and f"{eval_set}:2: " in proc.stderr and why in proc.stderr, proc.stderr
+
+
+# ----------------------------------------------------------------------------- stage 04 through 06 (oracle)
 def test_cli_rollouts_one_04_call_split_by_harness(tmp_path):
     """06 asks 04 once for base + in-space + out-of-space (one engine start with vLLM) and splits the episodes
     by harness id; smolagents runs on the first --smolagents-tasks tasks. The oracle solves all of them."""
@@ -132,3 +248,167 @@ def test_cli_rollouts_one_04_call_split_by_harness(tmp_path):
     assert len((out / "smolagents.jsonl").read_text().splitlines()) == 2
     summary = json.loads((run / "eval_summary.json").read_text())["o"]["splits"]
     assert all(summary[s]["pass@1"] == 1.0 for s in summary), summary
+    assert summary["inspace"]["behaviour"]["workflow_compliance"] in (None, 1.0)  # None: a 04 without the counters
+    ck = json.loads((out / "checkpoint.json").read_text())
+    assert ck["policy"] == "oracle" and ck["fingerprint"] == "oracle" and ck["samples"] == 1
+    assert ck["splits"] == ["base", "external", "inspace", "smolagents"]
+
+
+def test_eval_set_shared_across_runs_and_trained_external_leaves_out_of_space(tmp_path):
+    """Two runs with different training sets (one also trained inside X-shell) evaluated on one --eval-harnesses
+    file: identical In-Space harness ids and tasks; X-shell leaves the second run's Out-of-Space split (a
+    --harness-file harness stays), and --compare then drops it from every row."""
+    import helpers_04 as H
+    a = H.make_run(tmp_path / "a", {"S0-T1-O1-C1-W1"}, {})
+    b = H.make_run(tmp_path / "b", {"S1-T0-O0-C0-W0", "S2-T0-O0-C0-W0"}, {})
+    shell = json.loads((H.ROOT / "data" / "external_harnesses.json").read_text())[0]
+    assert shell["harness_id"] == "X-shell"
+    with open(b / "train_harnesses.jsonl", "a") as f:
+        f.write(json.dumps(shell) + "\n")
+    eval_set = tmp_path / "eval_set.jsonl"
+    write_jsonl(eval_set, [{"harness_id": h} for h in ("S2-T2-O2-C2-W2", "S1-T2-O0-C1-W2")])
+    extra = H.ROOT / "data" / "example_harness.json"  # an extra out-of-space harness: stays in Out-of-Space
+    for run in (a, b):
+        run_stage("06_evaluate.py", "--run", run, "--policy", "oracle", "--label", "o", "--max-tasks", 2,
+                  "--no-smolagents", "--eval-harnesses", eval_set, "--harness-file", extra)
+    pairs = {r.name: {s: {(e["task_id"], e["harness_id"]) for e in map(json.loads, (r / "eval" / "o" / f"{s}.jsonl")
+                                                                          .read_text().splitlines())}
+                      for s in ("base", "inspace", "external")} for r in (a, b)}
+    assert pairs["a"]["inspace"] == pairs["b"]["inspace"] and len(pairs["a"]["inspace"]) == 4
+    assert {h for _, h in pairs["a"]["inspace"]} == {"S2-T2-O2-C2-W2", "S1-T2-O0-C1-W2"}
+    assert {h for _, h in pairs["a"]["external"]} == {"X-shell", "X-react", "X-example-fs"}
+    assert {h for _, h in pairs["b"]["external"]} == {"X-react", "X-example-fs"}
+    sb = json.loads((b / "eval" / "o" / "summary.json").read_text())
+    assert sb["train_ids"] == sorted(["S1-T0-O0-C0-W0", "S2-T0-O0-C0-W0", "X-shell"])
+    assert sb["external_ids"] == ["X-react", "X-example-fs"] and sb["splits"]["external"]["pass@1"] == 1.0
+    cmp = run_stage("06_evaluate.py", "--compare", a / "eval" / "o", b, "--out", tmp_path / "cmp")
+    report = json.loads((tmp_path / "cmp.json").read_text())
+    assert report["common_ground"]["splits"]["external"]["harness_ids"] == ["X-example-fs", "X-react"]
+    assert report["common_ground"]["excluded_external"] == ["X-shell"]
+    assert [r["name"] for r in report["rows"]] == ["a/o", "b/o"] and "X-shell (trained by a row)" in cmp.stdout
+    write_jsonl(eval_set, [{"harness_id": "S2-T2-O2-C2-W2"}, {"harness_id": "S0-T1-O1-C1-W1"}])
+    proc = run_stage("06_evaluate.py", "--run", a, "--policy", "oracle", "--label", "o2", "--max-tasks", 2,
+                     "--no-smolagents", "--eval-harnesses", eval_set, check=False)
+    assert proc.returncode != 0 and f"{eval_set}:2: S0-T1-O1-C1-W1 is a training harness" in proc.stderr
+
+
+def test_reused_rollouts_must_come_from_the_same_checkpoint(tmp_path):
+    """checkpoint.json beside the rollouts: the same request reuses them; another checkpoint folder, a changed
+    file in it, other settings, other tasks or no checkpoint.json at all are refused."""
+    run = make_run(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_bytes(b"weights-1")
+    common = ["--run", run, "--label", "mine", "--heldout", 3, "--tasks", tmp_path / "tasks.jsonl"]
+    refused = run_stage("06_evaluate.py", *common, "--policy", ckpt, check=False)
+    assert refused.returncode != 0 and "checkpoint.json does not" in refused.stderr and "--overwrite" in refused.stderr
+    args = ev.parse_args(["--policy", str(ckpt), "--heldout", "3"])
+    ck = {**ev.checkpoint_request(args, ckpt), "splits": ["base", "external", "inspace", "smolagents"]}
+    (run / "eval" / "mine" / "checkpoint.json").write_text(json.dumps(ck))
+    ok = run_stage("06_evaluate.py", *common, "--policy", ckpt)  # every split exists: no 04 call
+    assert ok.stdout.count("reusing it") == 4
+    (ckpt / "model.safetensors").write_bytes(b"weights-2")  # same name and size, other weights
+    refused = run_stage("06_evaluate.py", *common, "--policy", ckpt, check=False)
+    assert refused.returncode != 0 and "fingerprint" in refused.stderr and "another --label" in refused.stderr
+    (ckpt / "model.safetensors").write_bytes(b"weights-1")
+    run_stage("06_evaluate.py", *common, "--policy", ckpt)
+    for extra, why in ((["--policy", "oracle"], "policy = "), (["--policy", ckpt, "--temperature", 1], "temperature"),
+                       (["--policy", ckpt, "--max-tasks", 2], "pairs are not the ones")):
+        refused = run_stage("06_evaluate.py", *common, *extra, check=False)
+        assert refused.returncode != 0 and why in refused.stderr, refused.stderr
+
+
+def test_default_label_of_an_iteration_checkpoint(tmp_path):
+    run = make_run(tmp_path, label="iter_005")
+    (run / "iter_005" / "policy").mkdir(parents=True)
+    run_stage("06_evaluate.py", "--run", run, "--no-rollout", "--heldout", 3, "--tasks", tmp_path / "tasks.jsonl")
+    assert list(json.loads((run / "eval_summary.json").read_text())) == ["iter_005"]
+
+
+# ----------------------------------------------------------------------------- --compare
+def make_evaldir(root, run, label, tasks="abcd", inspace=SPACE_IDS[:2], external=("X-shell", "X-react"),
+                 train=(BASE,), temperature=0.0, seed=0):
+    """A RUN/eval/LABEL folder as 06 leaves it: summary.json (config, train_ids, splits) and the split files;
+    success drawn from a seeded generator so rows differ."""
+    d = root / run / "eval" / label
+    rng = random.Random(f"{run}/{label}/{seed}")
+    split_ids = {"base": [BASE], "inspace": list(inspace), "external": list(external)}
+    for split, ids in split_ids.items():
+        write_jsonl(d / f"{split}.jsonl", [episode(t, h, rng.random() < 0.5) for t in tasks for h in ids])
+    summary = {"label": label, "policy": f"{run}/policy", "train_ids": sorted(train), "heldout_ids": list(inspace),
+               "splits": {s: {} for s in split_ids},
+               "config": {"samples": 1, "temperature": temperature, "max_turns": 6, "max_new_tokens": 128}}
+    (d / "summary.json").write_text(json.dumps(summary))
+    return d
+
+
+def read_split(d, split):
+    return [json.loads(x) for x in (d / f"{split}.jsonl").read_text().splitlines()]
+
+
+def per_task_values(dirs, split, skip=()):
+    """Independent per-task pass@1: mean over the task's episodes, then over replicates (plain python)."""
+    out = {}
+    for d in dirs:
+        for t in sorted({e["task_id"] for e in read_split(d, split)}):
+            v = [float(e["success"]) for e in read_split(d, split) if e["task_id"] == t and e["harness_id"] not in skip]
+            out.setdefault(t, []).append(sum(v) / len(v))
+    return {t: sum(v) / len(v) for t, v in out.items()}
+
+
+def test_compare_paired_differences_replicates_and_reference(tmp_path):
+    tasks = [f"t{i}" for i in range(12)]
+    ref = make_evaldir(tmp_path, "base", "final", tasks=tasks)
+    reps = [make_evaldir(tmp_path, f"oa-s{s}", "final", tasks=tasks, train=(BASE, "X-react"), seed=s)
+            for s in range(2)]
+    out = tmp_path / "cmp"
+    proc = run_stage("06_evaluate.py", "--compare", f"oa={reps[0]},{reps[1]}", ref, "--reference", "base/final",
+                     "--out", out, "--bootstrap", 500, "--seed", 4)
+    report = json.loads((out.with_suffix(".json")).read_text())
+    assert report["reference"] == "base/final" and [r["name"] for r in report["rows"]] == ["oa", "base/final"]
+    assert report["common_ground"]["splits"]["external"]["harness_ids"] == ["X-shell"]  # X-react trained by oa
+    assert report["rows"][0]["evaldirs"] == [str(r) for r in reps] and report["rows"][0]["task_ids"] == sorted(tasks)
+    for split in ("base", "inspace", "external"):
+        skip = ("X-react",) if split == "external" else ()
+        a, b = per_task_values(reps, split, skip), per_task_values([ref], split, skip)
+        d = [a[t] - b[t] for t in sorted(tasks)]
+        # the same interval, computed independently: the same generator draws, a plain loop over resampled tasks
+        idx = np.random.default_rng(4).integers(0, len(d), size=(500, len(d)))
+        means = [sum(d[j] for j in row) / len(d) for row in idx]
+        cell = report["rows"][0]["splits"][split]
+        assert cell["diff_vs_reference"] == pytest.approx(sum(d) / len(d))
+        assert cell["diff_ci95"] == pytest.approx([np.percentile(means, 2.5), np.percentile(means, 97.5)])
+        assert cell["better_tasks"] == sum(x > 0 for x in d) and cell["worse_tasks"] == sum(x < 0 for x in d)
+        assert cell["pass@1"] == pytest.approx(sum(a.values()) / len(a))
+        assert report["rows"][1]["splits"][split]["diff_vs_reference"] is None
+    md = out.with_suffix(".md").read_text()
+    assert "| policy | Base | Δ vs base/final |" in md and "| base/final | " in md and "reference" in md
+    assert md in proc.stdout + "\n" and "Common ground: Base 12 tasks x 1 harness(es); In-Space 12 tasks x 2" in md
+    bad = run_stage("06_evaluate.py", "--compare", ref, "--reference", "nope", check=False)
+    assert bad.returncode != 0 and "--reference 'nope': no such row" in bad.stderr
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(inspace=[SPACE_IDS[0], SPACE_IDS[2]]),
+     f"In-Space harness ids differ: row base/final has {SPACE_IDS[1]}, row other/final does not"),
+    (dict(tasks="abce"), "Base tasks differ: row base/final has d, row other/final does not"),
+    (dict(temperature=1.0), "temperature differs: row base/final has 0.0, row other/final has 1.0"),
+])
+def test_compare_refuses_rows_off_common_ground(tmp_path, change, message):
+    ref = make_evaldir(tmp_path, "base", "final")
+    other = make_evaldir(tmp_path, "other", "final", **change)
+    proc = run_stage("06_evaluate.py", "--compare", ref, other, check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    reps = run_stage("06_evaluate.py", "--compare", f"m={ref},{other}", check=False)  # replicates: same set too
+    assert reps.returncode != 0 and "replicates must share one evaluation set" in reps.stderr
+
+
+def test_compare_leaves_out_a_split_some_row_lacks(tmp_path):
+    ref = make_evaldir(tmp_path, "base", "final")
+    other = make_evaldir(tmp_path, "other", "final")
+    (other / "summary.json").write_text(json.dumps({**json.loads((other / "summary.json").read_text()),
+                                                    "splits": {"base": {}, "inspace": {}}}))
+    proc = run_stage("06_evaluate.py", "--compare", ref, other, "--out", tmp_path / "c")
+    assert "Out-of-Space left out of the table" in proc.stdout
+    assert set(json.loads((tmp_path / "c.json").read_text())["common_ground"]["splits"]) == {"base", "inspace"}

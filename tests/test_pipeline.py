@@ -1,6 +1,7 @@
 """The whole chain, 01 -> 06, through the pipeline's command line on a miniature toy, with an
 interruption in the middle: the second call must finish without redoing finished steps."""
 import json
+from pathlib import Path
 
 from conftest import run_stage
 
@@ -71,18 +72,108 @@ def test_pipeline_end_to_end_with_interruption(tmp_path):
     assert (run / "results.md").read_text() == table
 
 
-def test_single_harness_baseline_sets(tmp_path):
-    """The `single` method: H_tr = {base}, everything else held out, and 03 with K = 1 gives every task the base."""
+def test_single_and_blackbox_training_sets(tmp_path):
+    """`single`: H_tr = {base}, every other configuration held out, 03 with K = 1 gives every task the base.
+    `blackbox-rl`: H_tr = {X-shell}, the out-of-space harness (no levels), every task under it."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": f"t{i}"}) + "\n" for i in range(5)))
+    for method, want in (("single", "S0-T0-O0-C0-W0"), ("blackbox-rl", "X-shell")):
+        run = tmp_path / method
+        out = run_stage("pipeline.py", "--run", run, "--method", method, "--train-tasks", tasks, "--stop-after", "03")
+        assert "stopped after step 03" in out.stdout
+        train = read_jsonl(run / "train_harnesses.jsonl")
+        heldout = {h["harness_id"] for h in read_jsonl(run / "heldout_harnesses.jsonl")}
+        assert [h["harness_id"] for h in train] == [want] and want not in heldout
+        assert len(heldout) == (242 if method == "single" else 243)
+        assert [a["harness_ids"] for a in read_jsonl(run / "assignment.jsonl")] == [[want]] * 5
+
+
+def test_shared_eval_set_is_a_shifted_oa_disjoint_and_balanced(tmp_path):
+    """The experiment's In-Space set: from a level-shifted copy of the OA (itself strength 2, checked here by
+    counting level pairs), disjoint from every excluded configuration, level-balanced when cut to 6 rows."""
+    import itertools
+    from collections import Counter
     from conftest import load_stage
     pipe = load_stage("pipeline.py")
     run = tmp_path / "run"
     run_stage("01_harness_space.py", "--run", run)
-    pipe.single_harness_sets(run)
-    train = read_jsonl(run / "train_harnesses.jsonl")
-    heldout = read_jsonl(run / "heldout_harnesses.jsonl")
-    assert [h["harness_id"] for h in train] == ["S0-T0-O0-C0-W0"]
-    assert len(heldout) == 242 and "S0-T0-O0-C0-W0" not in {h["harness_id"] for h in heldout}
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"task_id": f"t{i}"}) + "\n" for i in range(5)))
-    run_stage("03_assignment.py", "--run", run, "--tasks", tasks, "--k", 1)
-    assert [a["harness_ids"] for a in read_jsonl(run / "assignment.jsonl")] == [["S0-T0-O0-C0-W0"]] * 5
+    run_stage("02_orthogonal_design.py", "--run", run)
+    space = read_jsonl(run / "harness_space.jsonl")
+    oa = {h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl")}
+    exclude = oa | set(pipe.one_factor_ids(space))
+    assert len(pipe.one_factor_ids(space)) == 11
+    full = pipe.shared_eval_set(space, oa, exclude, 18)
+    assert len(full) == 18 and not {h["harness_id"] for h in full} & exclude
+    for a, b in itertools.combinations("STOCW", 2):  # strength 2: each of the 9 level pairs exactly twice
+        pairs = Counter((h["levels"][a], h["levels"][b]) for h in full)
+        assert sorted(pairs.values()) == [2] * 9, (a, b, pairs)
+    six = pipe.shared_eval_set(space, oa, exclude, 6)
+    assert {h["harness_id"] for h in six} <= {h["harness_id"] for h in full}
+    for c in "STOCW":  # balanced: every level of every component twice
+        assert sorted(Counter(h["levels"][c] for h in six).values()) == [2, 2, 2], c
+    # a further exclusion removes rows, never lets one in
+    more = exclude | {full[0]["harness_id"], full[5]["harness_id"]}
+    assert not {h["harness_id"] for h in pipe.shared_eval_set(space, oa, more, 18)} & more
+
+
+def test_bad_flags_leave_no_folder_and_paths_are_relative_to_the_caller(tmp_path):
+    bad = run_stage("pipeline.py", "--run", tmp_path / "r", "--tiny-size", "2,128", check=False)
+    assert bad.returncode == 2 and "--tiny-size '2,128': expected LAYERS,DIM,HEADS" in bad.stderr
+    assert "Traceback" not in bad.stderr and not (tmp_path / "r").exists()
+    bad = run_stage("pipeline.py", "--run", tmp_path / "r", "--seeds", "0,1", check=False)
+    assert bad.returncode == 2 and "--seeds is for --experiment" in bad.stderr and not (tmp_path / "r").exists()
+    # relative paths are the caller's, and the warm-start cache is keyed by its settings
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    run_stage("pipeline.py", "--run", "r1", "--stop-after", "ws-01", cwd=cwd)
+    run_stage("pipeline.py", "--run", "r2", "--sft-epochs", 2, "--stop-after", "ws-01", cwd=cwd)
+    assert (cwd / "r1" / "pipeline_config.json").is_file() and (cwd / "r2" / "pipeline_config.json").is_file()
+    caches = sorted((cwd / "runs").glob("toy-warmstart-*"))
+    assert len(caches) == 2, caches  # other SFT epochs, another warm start
+    configs = [json.loads((c / "warmstart_config.json").read_text()) for c in caches]
+    from conftest import load_stage
+    assert sorted(c["sft_epochs"] for c in configs) == [2, load_stage("pipeline.py").PRESETS["toy"]["sft_epochs"]]
+
+
+def test_experiment_main_from_one_command(tmp_path):
+    """`--experiment main` on a miniature toy: every method is scored on the same tasks and the same In-Space
+    harnesses (disjoint from all training sets and the warm start's), X-shell (trained on by the black-box
+    baselines) leaves every row's Out-of-Space column, each training task visited K = 3 times sees its 3
+    harnesses, compute is matched, and a second call redoes nothing."""
+    exp = tmp_path / "exp"
+    args = ["--experiment", "main", "--run", exp, "--sft-tasks", 2, "--sft-epochs", 1, "--tiny-size", "1,32,2",
+            "--iterations", 3, "--tasks-per-iteration", 2, "--group-size", 2, "--eval-tasks", 3,
+            "--eval-heldout", 3, "--smolagents-tasks", 0]
+    run_stage("pipeline.py", *args, timeout=1200)
+    comp = json.loads((exp / "comparison.json").read_text())
+    rows = {r["name"]: r for r in comp["rows"]}
+    assert list(rows) == ["untrained", "warm-start", "harness-scaling", "single", "blackbox-sft", "blackbox-rl"]
+    assert comp["reference"] == "harness-scaling"
+    eval_ids = [h["harness_id"] for h in read_jsonl(exp / "eval_harnesses.jsonl")]
+    tasks = {r["name"]: sorted(r["task_ids"]) for r in comp["rows"]}
+    assert len(eval_ids) == 3 and len(set(map(tuple, tasks.values()))) == 1 and len(tasks["single"]) == 3
+    trained = {h["harness_id"] for m in ("harness-scaling", "single", "blackbox-rl", "warm-start")
+               for h in read_jsonl(exp / m / "train_harnesses.jsonl")}
+    assert not set(eval_ids) & trained and "X-shell" in trained
+    for r in comp["rows"]:
+        assert sorted(r["inspace_ids"]) == sorted(eval_ids)
+        for d in r["evaldirs"]:  # the rollout files themselves: the same (task, harness) pairs for every row
+            pairs = {(e["task_id"], e["harness_id"]) for e in read_jsonl(Path(d) / "inspace.jsonl")}
+            assert pairs == {(t, h) for t in tasks["single"] for h in eval_ids}
+        assert r["splits"]["external"]["pairs"] == 3  # X-react only: X-shell was trained on
+        if r["name"] != "harness-scaling":
+            assert r["splits"]["base"]["diff_ci95"] is not None
+    assert not {e["harness_id"] for e in read_jsonl(exp / "blackbox-rl" / "eval" / "blackbox-rl" / "external.jsonl")} \
+        & {"X-shell"}
+    compute = comp["compute"]
+    hs = compute["harness-scaling (seed 0)"]
+    assert hs["tasks_trained"] == 2 and hs["tasks_saw_all_K"] == 2  # 3 iterations x 2 tasks = 2 tasks x K visits
+    assert hs["rollout_episodes"] == compute["single (seed 0)"]["rollout_episodes"] == 3 * 2 * 2
+    steps = {name: c["optimizer_steps"] for name, c in compute.items()}
+    assert len(set(steps.values())) == 1, steps  # RL and black-box SFT: the same number of optimizer steps
+    assert compute["blackbox-rl (seed 0)"]["training_harnesses"] == ["X-shell"]
+    md = (exp / "comparison.md").read_text()
+    assert "| harness-scaling |" in md and "## Compute per method" in md
+
+    again = run_stage("pipeline.py", *args)
+    assert "python 0" not in again.stdout.replace("[pipeline] evaluation set", "")  # nothing rerun
