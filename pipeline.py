@@ -91,8 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--backend", choices=["hf", "vllm"], help="04's generation backend (small/gpu: vllm; hf fallback)")
     p.add_argument("--train-tasks", default=str(HERE / "data" / "train_tasks.jsonl"))
     p.add_argument("--test-tasks", default=str(HERE / "data" / "test_tasks.jsonl"))
-    p.add_argument("--max-train-tasks", type=int, help="use only the first N training tasks (experiments: "
-                   "default iterations x tasks-per-iteration / K, so that each task is visited K times)")
+    p.add_argument("--max-train-tasks", type=int, help="use only the first N training tasks (default: iterations x "
+                   "tasks-per-iteration / K, so that each task is visited K times)")
     p.add_argument("--eval-tasks", type=int, help="evaluate on the first N test tasks")
     p.add_argument("--eval-heldout", type=int, help="number of held-out in-space harnesses evaluated")
     p.add_argument("--smolagents-tasks", type=int, help="smolagents column on the first N test tasks (0: no column)")
@@ -149,6 +149,8 @@ def settings(args):
     # the task files are part of the settings: other tasks, other run
     cfg.update(seeds=seeds, max_train_tasks=args.max_train_tasks, train_tasks_sha=sha(args.train_tasks),
                test_tasks_sha=sha(args.test_tasks))
+    if cfg["max_train_tasks"] is None:  # each training task visited K times: I x B = K x tasks
+        cfg["max_train_tasks"] = max(1, cfg["iterations"] * cfg["tasks_per_iteration"] // cfg["k"])
     return cfg
 
 
@@ -370,8 +372,6 @@ def compute_of(run):
 def experiment(cfg, args, vllm_flags):
     exp = Path(args.run or f"runs/{args.preset}-{args.experiment}").resolve()
     methods = EXPERIMENTS[args.experiment]
-    if cfg["max_train_tasks"] is None:  # each training task visited K times: I x B = K x tasks
-        cfg["max_train_tasks"] = max(1, cfg["iterations"] * cfg["tasks_per_iteration"] // cfg["k"])
     claim(exp, dict(cfg, experiment=args.experiment, methods=methods), "experiment_config.json", args.overwrite)
     train_tasks = exp / "train_tasks.jsonl"
     if not train_tasks.exists():
@@ -452,11 +452,10 @@ def main(argv=None):
         run = Path(args.run or f"runs/{args.preset}").resolve()
         cfg["method"] = args.method
         claim(run, cfg, "pipeline_config.json", args.overwrite)
-        seed, train_tasks = cfg["seeds"][0], Path(args.train_tasks)
-        if args.max_train_tasks:
-            train_tasks = run / "train_tasks.jsonl"
-            if not train_tasks.exists():
-                write_rows(train_tasks, rows_of(args.train_tasks)[:args.max_train_tasks])
+        seed = cfg["seeds"][0]
+        train_tasks = run / "train_tasks.jsonl"
+        if not train_tasks.exists():
+            write_rows(train_tasks, rows_of(args.train_tasks)[:cfg["max_train_tasks"]])
         key = hashlib.sha256(json.dumps([cfg.get(k) for k in ("model", "tiny", "sft_tasks", "sft_epochs", "sft_lr",
                                                              "sft_minibatch", "seed")] + [sha(args.train_tasks)])
                              .encode()).hexdigest()[:8]
