@@ -255,14 +255,18 @@ def run_episode(rollout, task, model, ws, max_turns, meta, policy, temperature):
     steps = [s for s in agent.memory.steps if isinstance(s, ActionStep)]
     if any(s.is_final_answer for s in steps):
         finish_reason = "submitted"
-    errors = [s.error for s in steps if isinstance(s.error, AgentError) and not isinstance(s.error,
-                                                                                            AgentMaxStepsError)]
+    failed = [s for s in steps if isinstance(s.error, AgentError) and not isinstance(s.error, AgentMaxStepsError)]
+    errors = [s.error for s in failed]
     parse_errors = sum(isinstance(e, AgentParsingError) for e in errors)
     reward = rollout.score(task["checker"], ws.files, ws.answer)
     return {**meta, "task_id": task["task_id"], "family": task.get("family", "custom"), "harness_id": HARNESS_ID,
             "policy": policy, "temperature": temperature, "reward": reward, "success": reward == 1.0,
             "finish_reason": finish_reason, "turns": len(model.sent), "parse_errors": parse_errors,
-            "tool_errors": len(errors) - parse_errors, "workflow_violations": 0, "submitted_answer": ws.answer,
+            "tool_errors": len(errors) - parse_errors, "workflow_violations": 0, "workflow_checks": 0,
+            "error_turns": [s.step_number for s in failed],  # 04's per-turn facts, from smolagents' steps
+            "valid_call_turns": [s.step_number for s in steps if s.error is None and (s.tool_calls or
+                                                                                     s.is_final_answer)],
+            "submitted_answer": ws.answer,
             "transcript": plain_messages(agent.write_memory_to_messages()), "model_turns": model.model_turns,
             "framework": FRAMEWORK}
 
@@ -283,7 +287,7 @@ def run_smolagents_episodes(rollout, tasks, policy, backend, tok, max_turns, max
     jobs = [(task, s) for task in tasks for s in range(samples)]
     records = []
     for index, (task, s) in enumerate(tqdm(jobs, desc="smolagents episodes", disable=not progress, leave=False)):
-        meta = {"episode_id": f"eval-{task['task_id']}-{HARNESS_ID}-s{s}", "iteration": None,
+        meta = {"episode_id": f"eval-{task['task_id']}-{HARNESS_ID}-s{s}", "iteration": None, "visit": None,
                 "group_id": f"{task['task_id']}|{HARNESS_ID}|eval", "sample_index": s}
         model = (OracleModel(rollout, task, tok) if backend is None else
                  PolicyModel(rollout, backend, tok, positions, max_new_tokens, turn_offset=index * max_turns,

@@ -69,10 +69,13 @@ def test_oracle_solves_every_test_task_inside_smolagents():
 
 def test_records_have_04s_schema_and_name_the_framework():
     harness = H.space_records()[0]  # the base configuration
-    meta = {"episode_id": "x", "iteration": None, "group_id": "x", "sample_index": 0}
+    meta = {"episode_id": "x", "iteration": None, "visit": None, "group_id": "x", "sample_index": 0}  # as 04's eval
     ours = R.run_episodes([(TASK, harness, meta)], "oracle", progress=False)[0]
     rec = B.run_smolagents_episodes(R, [TASK], "oracle", None, None, 6, 128, 0.0, samples=2, progress=False)
     assert set(rec[0]) == set(ours) | {"framework"}
+    # the per-turn facts of 06's metrics: no W rule here; the oracle's every step is a valid call
+    assert rec[0]["workflow_checks"] == 0 and rec[0]["error_turns"] == []
+    assert rec[0]["valid_call_turns"] == list(range(1, rec[0]["turns"] + 1))
     assert all(type(rec[0][k]) is type(ours[k]) for k in ours if rec[0][k] is not None and ours[k] is not None)
     assert json.loads(json.dumps(rec[0])) == rec[0]  # a JSONL line as 04 writes it
     assert rec[0]["framework"] == B.FRAMEWORK == B.harness_title() == f"smolagents {B.smolagents.__version__}"
@@ -156,6 +159,7 @@ def test_a_malformed_reply_is_a_parse_error_observation():
     rec, model = run_scripted(["I think the answer is in the file.", "Action:\n{\"name\": \"read_file\", "
                                "\"arguments\": {\"path\": "], max_turns=2)
     assert rec["parse_errors"] == 2 and rec["tool_errors"] == 0 and rec["turns"] == 2
+    assert rec["error_turns"] == [1, 2] and rec["valid_call_turns"] == []
     assert rec["finish_reason"] == "turn_budget" and rec["reward"] == 0.0 and not rec["success"]
     assert "Error while parsing tool call from model output" in observations(rec)[0]
 
@@ -169,6 +173,7 @@ def test_an_unknown_tool_a_bad_name_and_bad_arguments_are_tool_errors():
     assert "file is not in the tool's input schema" in shown[2] and "should be 'string'" in shown[3]
     assert rec["tool_errors"] == 4 and rec["parse_errors"] == 0
     assert rec["finish_reason"] == "submitted" and rec["success"] and rec["turns"] == 5
+    assert rec["error_turns"] == [1, 2, 3, 4] and rec["valid_call_turns"] == [5]  # step 4's error recovered at 5
 
 
 def test_a_huge_argument_and_a_path_outside_the_workspace_are_our_tool_errors():
