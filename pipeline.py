@@ -35,12 +35,10 @@ import argparse
 import hashlib
 import itertools
 import json
-import math
 import shutil
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -352,15 +350,14 @@ def shared_eval_set(space, oa_ids, exclude, n):
 
 def compute_of(run):
     """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage."""
-    episodes = sum(len(rows_of(p)) for p in run.glob("iter_*/rollouts.jsonl"))
+    rollouts = [e for p in run.glob("iter_*/rollouts.jsonl") for e in rows_of(p)]
     steps = sum(len(rows_of(p)) for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")])
     groups = {a["task_id"]: set(a["harness_ids"]) for a in rows_of(run / "assignment.jsonl")}
     seen = {}
-    for p in run.glob("iter_*/rollouts.jsonl"):
-        for e in rows_of(p):
-            seen.setdefault(e["task_id"], set()).add(e["harness_id"])
+    for e in rollouts:
+        seen.setdefault(e["task_id"], set()).add(e["harness_id"])
     times = json.loads((run / "step_times.json").read_text()) if (run / "step_times.json").is_file() else {}
-    return {"rollout_episodes": episodes, "optimizer_steps": steps,
+    return {"rollout_episodes": len(rollouts), "optimizer_steps": steps,
             "sft_demos": len(rows_of(run / "sft" / "demos.jsonl")) if (run / "sft").is_dir() else 0,
             "train_s": round(sum(v for k, v in times.items() if k[:2] in ("04", "05")), 1),
             "eval_s": round(sum(v for k, v in times.items() if k.startswith("06")), 1),
