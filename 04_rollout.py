@@ -24,7 +24,7 @@ Workflow violation (nothing run): a W1 first reply without plan_prefix, no reply
 verify_marker line. Per episode: workflow_checks = W rules checked (a violation is a failed check), error_turns /
 valid_call_turns = the 1-based turns with any error above / with a call that ran without error. Finish:
 "submitted", "turn_budget" or "context_limit" (prompt > positions - max new tokens); reward = the checker on the
-final workspace and answer. Writes DIR/iter_{t:03d}/rollouts.jsonl or --out + config.
+final workspace and answer, pass/fail (1 when every check passes, else 0; `checks` lists each check's 0/1). Writes DIR/iter_{t:03d}/rollouts.jsonl or --out + config.
 """
 import argparse
 import ast
@@ -181,19 +181,31 @@ def normalise(s):
         return s
 
 
-def score(checker, files, answer):
-    """The verifier: a score in [0, 1] from the final workspace and the submitted answer."""
+def check(checker, files, answer):
+    """One check on the final workspace and the submitted answer: True or False (an `all` passes when all its parts do)."""
     kind = checker["type"]
     if kind == "all":
-        return sum(score(c, files, answer) == 1.0 for c in checker["checks"]) / len(checker["checks"])
+        return all(check(c, files, answer) for c in checker["checks"])
     if kind == "answer_equals":
-        return float(answer is not None and normalise(answer) == normalise(checker["value"]))
+        return answer is not None and normalise(answer) == normalise(checker["value"])
     text = files.get(checker["path"])
     if text is None:
-        return 0.0
+        return False
     if kind == "file_equals":
-        return float(text.strip() == str(checker["value"]).strip())
-    return float(str(checker["value"]) in text)
+        return text.strip() == str(checker["value"]).strip()
+    return str(checker["value"]) in text
+
+
+def check_results(checker, files, answer):
+    """Each top-level check's result, 0 or 1 (an `all` checker lists its parts): kept in the record for analysis."""
+    return [int(check(c, files, answer)) for c in (checker["checks"] if checker["type"] == "all" else [checker])]
+
+
+def score(checker, files, answer):
+    """The verifier, pass/fail (the paper's pass@1): 1.0 when every check passes, else 0.0. No partial credit: an edit
+    task answered "done" without the edit would otherwise earn 0.5 for doing nothing, and GRPO would turn a group
+    [0.5, 0.5, 0, 0] into the same advantages as a real success in [1, 1, 0, 0]."""
+    return float(check(checker, files, answer))
 
 
 # ----------------------------------------------------------------------------- the workspace and its tools
@@ -588,7 +600,7 @@ class Episode:
         self.messages = initial_messages(harness, task, max_turns)
         self.n_head = len(self.messages)
         self.turns = self.parse_errors = self.tool_errors = self.workflow_violations = self.workflow_checks = 0
-        self.model_turns, self.finish_reason, self.reward = [], None, 0.0
+        self.model_turns, self.finish_reason, self.reward, self.checks = [], None, 0.0, []
         self.error_turns, self.valid_call_turns = [], []  # 1-based turns with an error / a call that ran cleanly
 
     @property
@@ -601,6 +613,7 @@ class Episode:
     def finish(self, reason):
         self.finish_reason = reason
         self.reward = score(self.task["checker"], self.ws.files, self.ws.answer)
+        self.checks = check_results(self.task["checker"], self.ws.files, self.ws.answer)
 
     def violation(self, message):
         self.workflow_violations += 1
@@ -672,7 +685,7 @@ class Episode:
     def record(self, policy, temperature):
         return {**self.meta, "task_id": self.task["task_id"], "family": self.task["family"],
                 "harness_id": self.harness["harness_id"], "policy": policy, "temperature": temperature,
-                "reward": self.reward, "success": self.reward == 1.0, "finish_reason": self.finish_reason,
+                "reward": self.reward, "success": self.reward == 1.0, "checks": self.checks, "finish_reason": self.finish_reason,
                 "turns": self.turns, "parse_errors": self.parse_errors, "tool_errors": self.tool_errors,
                 "workflow_violations": self.workflow_violations, "workflow_checks": self.workflow_checks,
                 "error_turns": self.error_turns, "valid_call_turns": self.valid_call_turns,

@@ -261,6 +261,7 @@ def run_episode(rollout, task, model, ws, max_turns, meta, policy, temperature):
     reward = rollout.score(task["checker"], ws.files, ws.answer)
     return {**meta, "task_id": task["task_id"], "family": task.get("family", "custom"), "harness_id": HARNESS_ID,
             "policy": policy, "temperature": temperature, "reward": reward, "success": reward == 1.0,
+            "checks": rollout.check_results(task["checker"], ws.files, ws.answer),
             "finish_reason": finish_reason, "turns": len(model.sent), "parse_errors": parse_errors,
             "tool_errors": len(errors) - parse_errors, "workflow_violations": 0, "workflow_checks": 0,
             "error_turns": [s.step_number for s in failed],  # 04's per-turn facts, from smolagents' steps

@@ -17,12 +17,12 @@ Task schema (one JSON object per line; bring your own tasks in the same shape):
                   {"tool": "submit", "args": {"answer": "417"}}],         the oracle replays
      "difficulty": {"distractors": 1}}        optional, informational
 
-checker types (score in [0, 1]; success = score 1):
+checker types (reward = success = 1 when the checker passes, else 0: pass/fail, no partial credit):
     answer_equals {value}        the submitted answer equals value (trimmed, case-folded,
                                  whitespace collapsed, a trailing '.' dropped; numbers compared as numbers)
     file_equals   {path, value}  the file's final text equals value (surrounding whitespace ignored)
     file_contains {path, value}  the file's final text contains value
-    all           {checks: [...]} fraction of the sub-checks that pass
+    all           {checks: [...]} passes when every sub-check passes (04 keeps each one's 0/1 in `checks`)
 Canonical tools for `solution`: list_files(), read_file(path), search(query),
 write_file(path, content), calculator(expression), submit(answer).
 

@@ -253,6 +253,38 @@ def test_one_generation_call_per_turn_for_all_live_episodes(tok):
 
 
 # ----------------------------------------------------------------------------- bad input
+def test_rewards_are_pass_fail_and_shortcuts_score_zero(tmp_path):
+    """Through the CLI: a policy that does not do the work (here the oracle following a shortened solution) earns 0,
+    never partial credit. Edit answered "done" without the edit: checks [file 0, answer 1] -> reward 0."""
+    tasks = {t["family"]: t for t in small_tasks(tmp_path / "all.jsonl")}
+    shortcuts = {
+        "edit": [{"tool": "submit", "args": {"answer": "done"}}],  # no write
+        # the edit written, but no "done": the request asks for both
+        "edit-no-answer": tasks["edit"]["solution"][:2] + [{"tool": "submit", "args": {"answer": "ok"}}],
+        # an answer from a distractor / a partial sum: read, then submit a number that is not the answer
+        "sum": [tasks["sum"]["solution"][0], {"tool": "submit", "args": {"answer": "0"}}],
+    }
+    rows = []
+    for name, solution in shortcuts.items():
+        t = dict(tasks[name.split("-")[0]], task_id=f"shortcut-{name}", solution=solution)
+        rows.append(t)
+    rows.append(dict(tasks["edit"], task_id="real-edit"))  # the real solution still scores 1
+    H.write_jsonl(tmp_path / "tasks.jsonl", rows)
+    H.make_run(tmp_path, {"S0-T0-O0-C0-W0"}, {})
+    out = tmp_path / "o.jsonl"
+    run_stage("04_rollout.py", "--run", tmp_path, "--eval", "--policy", "oracle", "--harnesses", "base",
+              "--tasks", tmp_path / "tasks.jsonl", "--out", out)
+    recs = {r["task_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert recs["shortcut-edit"]["checks"] == [0, 1] and recs["shortcut-edit"]["finish_reason"] == "submitted"
+    assert recs["shortcut-edit-no-answer"]["checks"] == [1, 0]
+    for tid in ("shortcut-edit", "shortcut-edit-no-answer", "shortcut-sum"):
+        assert recs[tid]["reward"] == 0.0 and recs[tid]["success"] is False, recs[tid]
+    assert recs["real-edit"]["reward"] == 1.0 and recs["real-edit"]["success"] is True
+    assert recs["real-edit"]["checks"] == [1, 1]
+    for r in recs.values():  # reward and success are one fact
+        assert r["reward"] == float(r["success"])
+
+
 def expect_error(capsys, argv, *needles):
     with pytest.raises(SystemExit) as e:
         R.main(argv)

@@ -80,7 +80,11 @@ def test_checkers():
     assert R.score({"type": "file_contains", "path": "zz.txt", "value": ""}, files, None) == 0.0
     both = {"type": "all", "checks": [{"type": "file_contains", "path": "b.txt", "value": "code: 7"},
                                       {"type": "answer_equals", "value": "done"}]}
-    assert R.score(both, files, "nope") == 0.5 and R.score(both, files, "Done") == 1.0
+    # pass/fail: one check of two passing is a failure (no partial credit); each check's result is kept apart
+    assert R.score(both, files, "nope") == 0.0 and R.score(both, files, "Done") == 1.0
+    assert R.check_results(both, files, "nope") == [1, 0] and R.check_results(both, files, "Done") == [1, 1]
+    nested = {"type": "all", "checks": [both, {"type": "answer_equals", "value": "done"}]}
+    assert R.score(nested, files, "done") == 1.0 and R.check_results(nested, files, "nope") == [0, 0]
 
 
 # ----------------------------------------------------------------------------- parsers (valid calls)
