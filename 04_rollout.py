@@ -904,6 +904,8 @@ def run_stage(args):
         records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
                                args.temperature)
     wall = time.perf_counter() - start
+    for r in records:  # which engine sampled the episode (05: truncated IS where it is not 05's own fp32 forward)
+        r["sampler"] = getattr(backend, "sampler", None) if backend else {"backend": "oracle", "dtype": None}
     write_atomic(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "vllm", "smolagents")
                 if m in sys.modules}

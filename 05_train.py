@@ -7,7 +7,10 @@ The paper's objective (multi-harness policy optimisation), maximised over the up
 N_B = number of policy-generated tokens in the whole minibatch of one optimizer step (counted
 before it is split into micro-batches, so --micro-batch-size never changes the update), M_t = 1 only
 on generated (completion) tokens, rho_t = pi_theta / pi_old with pi_old recomputed here, before the
-update, at the sampling temperature. Each stored model turn is one sequence prompt + completion;
+update, at the sampling temperature. A minibatch with no signal (GRPO: every group reward-equal, A = 0) makes
+no optimizer step: AdamW's momentum would move the weights on zero gradients. Where another engine sampled
+(04's `sampler`: vLLM, or a dtype other than fp32) each token's term is weighted by min(pi_old / pi_rollout, 2)
+(truncated IS, --tis-cap / --no-tis). Each stored model turn is one sequence prompt + completion;
 turns whose prompt extends the previous prompt + completion are merged (same loss, fewer tokens).
 
     python 05_train.py --init-tiny --out runs/toy/tiny --corpus demos_text.jsonl data/train_tasks.jsonl
@@ -57,8 +60,11 @@ def parse_args(argv=None):
     g.add_argument("--kl-coef", type=float, default=0.0, help="weight of the k3 KL to the reference policy")
     g.add_argument("--ref-policy", help="reference policy for the KL (default: with --iteration, DIR/init_policy "
                    "if it exists; else the loaded policy)")
-    g.add_argument("--tis-cap", type=float, help="truncated importance sampling (off by default): each token's "
-                   "clipped surrogate times min(pi_old / pi_rollout, C), C = this cap")
+    g.add_argument("--tis-cap", type=float, help="truncated importance sampling: each token's clipped surrogate "
+                   f"times min(pi_old / pi_rollout, C), C = this cap. Default: C = {TIS_CAP} where the rollouts were "
+                   "sampled by another engine (vLLM, or a dtype other than 05's fp32), off where 05's own fp32 "
+                   "forward sampled them (hf backend in float32: the log-probs agree to ~1e-6)")
+    g.add_argument("--no-tis", action="store_true", help="no truncated importance sampling, whoever sampled")
     g.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus weight")
     g.add_argument("--no-std", action="store_true", help="GRPO: A = r - mean (no division by the group std)")
     g.add_argument("--adv-eps", type=float, default=1e-6, help="GRPO: A = (r - mean) / (std + eps)")
@@ -125,6 +131,7 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
+TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
 MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
 
 
@@ -243,7 +250,7 @@ def load_episodes(path, algo, vocab, min_reward=None):
             turns.append((t["prompt_ids"], t["completion_ids"], lp))
         temp = 1.0 if algo == "sft" else r.get("temperature") or 1.0  # SFT, greedy (0) or missing: T = 1
         eps.append(dict(turns=turns, reward=float(r.get("reward", 0.0)), group=r.get("group_id"),
-                        temp=float(temp), line=ln, policy=r.get("policy")))
+                        temp=float(temp), line=ln, policy=r.get("policy"), sampler=r.get("sampler")))
     if min_reward is not None:
         eps = [e for e in eps if e["reward"] >= min_reward]
         if not eps:
@@ -418,9 +425,34 @@ def policy_loss(logp, old_logp, adv, clip_eps, n_b, tis_w=None):
     return -surr.sum() / n_b, ratio
 
 
-def skips_zero_adv(args):
+def sampler_of(episodes):
+    """The engines that sampled the rollouts, e.g. 'vllm/bfloat16' (04 stores `sampler` in every record)."""
+    names = {f"{e['sampler'].get('backend')}/{e['sampler'].get('dtype')}" if isinstance(e["sampler"], dict)
+             else "unknown" for e in episodes}
+    return ", ".join(sorted(names))
+
+
+def tis_cap_for(args, episodes):
+    """The truncated-IS cap C, or None (off). On by default where another engine sampled: vLLM (bf16 kernels, its
+    own sampler) or any dtype but fp32; off where 05's own fp32 forward did (hf float32) or 04 did not say."""
+    if args.no_tis:
+        return None
+    if args.tis_cap:
+        return args.tis_cap
+    other = any(isinstance(e["sampler"], dict) and (e["sampler"].get("backend") == "vllm" or
+                                                     e["sampler"].get("dtype") not in ("float32", None))
+                for e in episodes)
+    return TIS_CAP if other else None
+
+
+def only_pg_term(args):
     """GRPO without KL or entropy terms: a sequence whose advantage is 0 everywhere adds exactly 0 to L."""
-    return args.algo == "grpo" and not args.kl_coef and not args.ent_coef and not args.no_skip_zero_adv
+    return args.algo == "grpo" and not args.kl_coef and not args.ent_coef
+
+
+def skips_zero_adv(args):
+    """Such sequences are not even run (unless --no-skip-zero-adv); N_B still counts them."""
+    return only_pg_term(args) and not args.no_skip_zero_adv
 
 
 def accumulate(model, vhead, seqs, args, pad_id, device, amp):
@@ -429,11 +461,12 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
     n_b = sum(s["n"] for s in seqs)  # N_B: generated tokens of the whole minibatch
     keys = ("loss", "pg_loss", "value_loss", "kl", "clip_frac", "approx_kl", "entropy")
     m = dict.fromkeys(keys, 0.0) | dict(tokens=n_b, seq_tokens=0)
-    if skips_zero_adv(args):  # A = 0 on every token: min(rho A, clip(rho) A) = 0, so no gradient (N_B keeps them)
-        seqs = [s for s in seqs if s["adv"].any()]
-        if not seqs:  # the same AdamW step as with all-zero gradients (momentum and weight decay still apply)
-            for p in model.parameters():
-                p.grad = torch.zeros_like(p)
+    # the sequences with signal: GRPO without KL/entropy, those with A != 0 (A = 0 on every token gives
+    # min(rho A, clip(rho) A) = 0, no gradient); every sequence otherwise (SFT, PPO's value loss, KL, entropy)
+    signal = [s for s in seqs if s["adv"].any()] if only_pg_term(args) else seqs
+    m["signal_sequences"] = len(signal)  # 0: main makes no optimizer step
+    if skips_zero_adv(args):  # run only those (N_B keeps the others)
+        seqs = signal
     seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # less padding; the sum does not depend on order
     n_act = max(1, sum(s["n"] for s in seqs))  # the tokens run: clip_frac, approx_kl, entropy average over them
     for i in range(0, len(seqs), args.micro_batch_size):
@@ -530,7 +563,7 @@ def main(argv=None):
             fail(f"--{k.replace('_', '-')} must be >= 1")
     if min(x for x in (args.lr, args.vf_lr, args.tis_cap) if x is not None) <= 0 or not 0 < args.clip_eps < 1:
         fail("--lr, --vf-lr and --tis-cap must be > 0 and --clip-eps in (0, 1)")
-    if (args.algo == "sft" and args.tis_cap) or (args.algo != "sft" and args.min_reward is not None):
+    if (args.algo == "sft" and (args.tis_cap or args.no_tis)) or (args.algo != "sft" and args.min_reward is not None):
         fail("--min-reward is for --algo sft only (it would bias an RL update), --tis-cap for grpo/ppo only")
     policy, rollouts, out, ref, ref_why = resolve_paths(args)
     check_policy_dir(policy)
@@ -592,9 +625,12 @@ def main(argv=None):
         if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
             warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
                             "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
-        if args.tis_cap:
+        info["tis_cap"] = tis_cap_for(args, episodes)
+        if info["tis_cap"]:
+            print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {info['tis_cap']}) "
+                  f"({'--tis-cap' if args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
             for s in active:  # min(pi_old / pi_rollout, C); tokens without rollout log-probs weigh 1
-                w = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=args.tis_cap)  # [n]
+                w = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=info["tis_cap"])  # [n]
                 s["tis_w"] = torch.where(torch.isnan(w), torch.ones_like(w), w)
         if use_kl and ref.resolve() != policy.resolve():
             ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32).to(device)
@@ -635,13 +671,18 @@ def main(argv=None):
             ts = time.time()
             m = accumulate(model, vhead, [seqs[k] for k in order[j * mb_size:(j + 1) * mb_size]],
                            args, pad_id, device, amp)
-            norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], args.max_grad_norm)) for g in groups]
-            opt.step()
+            # no signal, no step: with zero gradients AdamW would still move every weight by its momentum
+            # (lr * m_hat / (sqrt(v_hat) + eps), about lr per parameter) and decay it; the state stays untouched too
+            m["optimizer_step"] = m["signal_sequences"] > 0
+            norms = [0.0] * len(groups)
+            if m["optimizer_step"]:
+                norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], args.max_grad_norm)) for g in groups]
+                opt.step()
             opt.zero_grad(set_to_none=True)
             dt = time.time() - ts
             m.update(step=len(log), epoch=epoch, grad_norm=math.hypot(*norms), pg_grad_norm=norms[0],
                      reward_mean=info["reward_mean"], tokens_per_s=m["seq_tokens"] / dt, step_s=dt)
-            m.update({k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences")
+            m.update({k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences", "tis_cap")
                       if k in info})
             if args.algo == "ppo":
                 m["vf_grad_norm"] = norms[1]
@@ -652,6 +693,10 @@ def main(argv=None):
             bar.set_postfix(loss=f"{m['loss']:.4f}")
     bar.close()
     update_s = time.time() - t_update
+    info["optimizer_steps"] = sum(r["optimizer_step"] for r in log)
+    if not info["optimizer_steps"]:
+        print(f"[05] no optimizer step: no minibatch had a sequence with signal (every GRPO group reward-equal); "
+              f"the policy is written unchanged")
 
     # ---- write: checkpoint to <out>.tmp, the log and the config beside it, then <out>.tmp -> <out> last
     tmp = Path(str(out) + ".tmp")
@@ -676,8 +721,9 @@ def main(argv=None):
     os.replace(tmp, out)  # the checkpoint appears last: its presence means the stage finished
     print(f"[05] {args.algo}: {info['episodes']} episodes, {info['sequences']} sequences "
           f"({info['turns']} turns), {info['gen_tokens']} generated tokens, reward mean {info['reward_mean']:.3f}")
-    extra = {k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences") if k in info}
-    print(f"[05] {len(log)} steps in {update_s:.1f} s (+{prep_s:.1f} s old log-probs), loss "
+    extra = {k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences", "tis_cap")
+             if k in info}
+    print(f"[05] {info['optimizer_steps']} optimizer steps of {len(log)} minibatches in {update_s:.1f} s (+{prep_s:.1f} s old log-probs), loss "
           f"{log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} {extra} seed {args.seed} -> {out}")
     return summary
 

