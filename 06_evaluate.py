@@ -32,6 +32,7 @@ Writes  RUN/eval/<label>/{base,inspace,external,smolagents}.jsonl   (rollouts ma
 import argparse
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -44,7 +45,9 @@ HERE = Path(__file__).resolve().parent
 SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
 SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "external": "Out-of-Space", "smolagents": "smolagents"}
 COMPONENTS = ["S", "T", "O", "C", "W"]
-SAME_CONFIG = ["samples", "temperature", "max_turns", "max_new_tokens"]  # compare: rows must agree on these
+# compare: rows must agree on these (the engine too: an hf row and a vLLM row, or bf16 and fp32, or two context
+# lengths, sample different episodes from the same weights)
+SAME_CONFIG = ["samples", "temperature", "max_turns", "max_new_tokens", "backend", "dtype", "max_model_len"]
 
 
 # ----------------------------------------------------------------------------- Args
@@ -346,19 +349,87 @@ def bootstrap_ci(values, n_boot, seed):
     return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
-def exact_ci(k, n):
-    """Clopper-Pearson 95% interval where the bootstrap collapses: 0/n -> [0, 1 - 0.025^(1/n)],
-    n/n -> [0.025^(1/n), 1] (0/40 -> [0, 0.088])."""
-    assert k in (0, n) and n > 0
-    return [0.0, 1 - 0.025 ** (1 / n)] if k == 0 else [0.025 ** (1 / n), 1.0]
+def betainc(a, b, x):
+    """Regularised incomplete beta I_x(a, b) = P(Beta(a, b) <= x), by its continued fraction (Lentz's method;
+    Numerical Recipes 6.4). For integers, I_p(k, n - k + 1) = P(Binomial(n, p) >= k)."""
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below the mean: use the symmetry
+        return 1 - betainc(b, a, 1 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    c, d, f = 1.0, 1 - (a + b) * x / (a + 1), 0.0
+    d = 1 / (d if abs(d) > 1e-300 else 1e-300)
+    f = d
+    for m in range(1, 500):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d, c = 1 + num * d, 1 + num / c
+            d, c = 1 / (d if abs(d) > 1e-300 else 1e-300), (c if abs(c) > 1e-300 else 1e-300)
+            f *= c * d
+        if abs(c * d - 1) < 1e-12:
+            break
+    return front * f
+
+
+def beta_quantile(q, a, b):
+    """x with I_x(a, b) = q, by bisection (I is increasing in x)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if betainc(a, b, mid) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def clopper_pearson(k, n, alpha=0.05):
+    """Exact (Clopper-Pearson) interval for k successes in n trials; k may be fractional (an effective count):
+    lower = Beta quantile alpha/2 of (k, n - k + 1), upper = Beta quantile 1 - alpha/2 of (k + 1, n - k).
+    0/40 -> [0, 0.088]; 1/40 -> [0.0006, 0.132]."""
+    lo = 0.0 if k <= 0 else beta_quantile(alpha / 2, k, n - k + 1)
+    hi = 1.0 if k >= n else beta_quantile(1 - alpha / 2, k + 1, n - k)
+    return [lo, hi]
+
+
+def t_quantile_975(df):
+    """Student t 97.5% quantile (2.069 at df = 23): P(T > t) = I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 = 0.025."""
+    lo, hi = 0.0, 1000.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if betainc(df / 2, 0.5, df / (df + mid * mid)) / 2 > 0.025 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def trials_per_task(v):
+    """The smallest m <= 10000 with every v * m an integer: a task's value is successes / m (pairs x samples)."""
+    return next((m for m in range(1, 10001) if np.allclose(v * m, np.round(v * m), atol=1e-6)), 10000)
 
 
 def pass1_ci(task_values, n_boot, seed):
-    """(95% interval, method) of pass@1: bootstrap over tasks, exact when every task is 0 or every task is 1."""
-    v = np.asarray(task_values, dtype=float)
-    if len(v) and (np.all(v == 0) or np.all(v == 1)):
-        return exact_ci(int(v[0]) * len(v), len(v)), "exact"
-    return bootstrap_ci(v, n_boot, seed), "bootstrap"
+    """(95% interval, method) of pass@1 = mean of the per-task values; every table row goes through here.
+    - every task 0 or 1: Clopper-Pearson on k of n tasks ("exact"), at every count.
+    - a task's value is a mean over m harnesses / samples: Korn-Graubard (1998), Clopper-Pearson on the effective
+      number of trials n_eff = p (1 - p) / Var(p), Var(p) = s^2 / n from the spread of the task values (tasks are
+      the independent units), at most n m, times (z / t_{n-1})^2 for the estimated variance ("korn-graubard").
+      Its coverage is checked by simulation: bench/ci_coverage.py, README "Metrics".
+    n_boot and seed are the paired bootstrap's (compare); this interval needs no resampling."""
+    v = np.asarray(task_values, dtype=float)  # [n_tasks]
+    n = len(v)
+    if n == 0:
+        return [0.0, 1.0], "exact"
+    if np.all((v == 0) | (v == 1)):
+        return clopper_pearson(int(v.sum()), n), "exact"
+    p, var = float(v.mean()), float(v.var(ddof=1)) / n if n > 1 else 0.0  # Var(p) = s^2 / n over tasks
+    n_max = n * trials_per_task(v)  # the Bernoulli trials behind the values: the effective count cannot exceed it
+    # n_eff = p (1 - p) / Var(p) x (z / t_{n-1})^2, at most n m
+    n_eff = min(p * (1 - p) / var * (1.959964 / t_quantile_975(n - 1)) ** 2, n_max) if var > 0 else n_max
+    return clopper_pearson(p * n_eff, n_eff), "korn-graubard"
+
+
+def sign_test(better, worse):
+    """Exact two-sided sign test on the discordant tasks: p = min(1, 2 P(X <= min(b, w))), X ~ Bin(b + w, 1/2)."""
+    n = better + worse
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(better, worse) + 1)) / 2 ** n)
 
 
 def wilson(k, n, z=1.96):
@@ -456,8 +527,9 @@ def split_title(split, summaries):
     return " / ".join(names) if split == "smolagents" and names else SPLIT_TITLES[split]
 
 
-CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: bootstrap (a task's pairs resampled together), or "
-           "exact Clopper-Pearson (*) when every task scores 0 or every task scores 1.")
+CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*) where every task scores 0 or 1; "
+           "where a task's value is a mean over harnesses or samples, Clopper-Pearson on the effective number of "
+           "trials (Korn-Graubard; coverage checked by simulation, README \"Metrics\").")
 
 
 def table(rows):
@@ -597,7 +669,8 @@ def compare(args):
     # common ground 1: Out-of-Space keeps only the external harnesses that no row trained on
     excluded = sorted({h for r in rows for h in r["train_ids"]})
     for r in rows:
-        reps = [{"config": {f: s.get("config", {}).get(f) for f in SAME_CONFIG}, "pairs": load_pairs(d, s, excluded)}
+        reps = [{"config": {f: s.get("config", {}).get(f, "hf" if f == "backend" else None) for f in SAME_CONFIG},
+                 "pairs": load_pairs(d, s, excluded)}
                 for d, s in zip(r["evaldirs"], r["summaries"])]
         for d, rep in zip(r["evaldirs"][1:], reps[1:]):  # seed replicates: one evaluation set
             first = r["evaldirs"][0]
@@ -636,13 +709,17 @@ def compare(args):
             ci, method = pass1_ci(mine, args.bootstrap, args.seed)
             # paired difference d = mean over tasks of (row's per-task pass@1 - reference's), interval by the
             # paired bootstrap: the same resampled tasks for both rows, a task's harnesses kept together
+            # and an exact sign test on the discordant tasks (better vs worse); identical rows say so instead of
+            # printing a zero-width interval
             d, other = mine - theirs, r is not ref
+            better, worse, identical = int((d > 0).sum()), int((d < 0).sum()), bool(np.all(d == 0))
             res[s] = {"pass@1": float(np.mean(list(r["pairs"][s].values()))), "ci95": ci, "ci_method": method,
                       "pairs": len(r["pairs"][s]), "tasks": len(tasks),
                       "diff_vs_reference": float(d.mean()) if other else None,
-                      "diff_ci95": bootstrap_ci(d, args.bootstrap, args.seed) if other else None,
-                      "better_tasks": int((d > 0).sum()) if other else None,
-                      "worse_tasks": int((d < 0).sum()) if other else None}
+                      "diff_ci95": bootstrap_ci(d, args.bootstrap, args.seed) if other and not identical else None,
+                      "better_tasks": better if other else None, "worse_tasks": worse if other else None,
+                      "sign_test_p": sign_test(better, worse) if other else None,
+                      "identical": identical if other else None}
         out_rows.append({"name": r["name"], "evaldirs": [str(d) for d in r["evaldirs"]],
                          "policies": [s.get("policy") for s in r["summaries"]], "train_ids": r["train_ids"],
                          "inspace_ids": sorted({h for _, h in r["pairs"].get("inspace", {})}),
@@ -673,17 +750,22 @@ def compare_markdown(report, splits, summaries):
     lines = [f"Common ground: {shape}; samples {g['samples']}, temperature {g['temperature']}, max_turns "
              f"{g['max_turns']}, max_new_tokens {g['max_new_tokens']}{left}.", CI_NOTE,
              f"Δ = paired difference of pass@1 to {ref} in points [95% paired bootstrap over tasks, a task's "
-             "harnesses kept together] (tasks better / worse).", "",
+             "harnesses kept together] (tasks better / worse, p of the exact two-sided sign test on them).", "",
              "| policy | " + " | ".join(f"{split_title(s, summaries)} | Δ vs {ref}" for s in splits) + " |",
              "| --- |" + " --- | --- |" * len(splits)]
     for r in report["rows"]:
         cells = []
         for s in splits:
             x = r["splits"][s]
-            lo, hi = x["diff_ci95"] or (0, 0)
-            cells += [fmt(x), "reference" if x["diff_vs_reference"] is None else
-                      f"{100 * x['diff_vs_reference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] "
-                      f"({x['better_tasks']} / {x['worse_tasks']})"]
+            if x["diff_vs_reference"] is None:
+                delta = "reference"
+            elif x["identical"]:
+                delta = f"identical on all {x['tasks']} tasks"
+            else:
+                lo, hi = x["diff_ci95"]
+                delta = (f"{100 * x['diff_vs_reference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] "
+                         f"({x['better_tasks']} / {x['worse_tasks']}, p {x['sign_test_p']:.2g})")
+            cells += [fmt(x), delta]
         name = r["name"] + (f" ({len(r['evaldirs'])} replicates)" if len(r["evaldirs"]) > 1 else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

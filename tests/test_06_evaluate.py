@@ -1,7 +1,9 @@
 """Stage 06: scoring maths against hand computations, and the CLI on synthetic rollout files."""
 import itertools
 import json
+import math
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -26,7 +28,7 @@ def test_pass_at_1_averages_pairs_then_samples():
            episode("a", "S1-T0-O0-C0-W0", True), episode("b", "S0-T0-O0-C0-W0", False)]
     s = ev.score_split(eps, n_boot=200, seed=0)
     assert s["pass@1"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)
-    assert s["pairs"] == 3 and s["tasks"] == 2 and s["ci_method"] == "bootstrap"
+    assert s["pairs"] == 3 and s["tasks"] == 2 and s["ci_method"] == "korn-graubard"  # task a: 0.75
     assert s["per_harness"] == {"S0-T0-O0-C0-W0": pytest.approx(0.25), "S1-T0-O0-C0-W0": 1.0}
 
 
@@ -45,7 +47,6 @@ def test_bootstrap_interval_matches_an_independent_resampling():
     half = 1.96 * np.sqrt(p * (1 - p) / 40)  # the normal approximation lands close to the bootstrap
     assert abs((hi - lo) / 2 - half) < 0.03
     assert lo < p < hi
-    assert ev.score_split(eps, 2000, 3)["ci95"] == [lo, hi]
 
 
 def exact_quantile(values, q):
@@ -70,18 +71,69 @@ def test_paired_bootstrap_matches_exact_enumeration():
     assert lo < np.mean(d) < hi
 
 
-def test_clopper_pearson_where_the_bootstrap_collapses():
-    lo, hi = ev.exact_ci(0, 40)
-    assert lo == 0 and hi == pytest.approx(0.0881, abs=1e-4)
-    assert (1 - hi) ** 40 == pytest.approx(0.025)  # P(0 successes in 40 | p = upper bound) = 2.5%
-    lo, hi = ev.exact_ci(40, 40)
-    assert hi == 1 and lo == pytest.approx(1 - 0.0881, abs=1e-4) and lo ** 40 == pytest.approx(0.025)
+def binom_cdf(k, n, p):
+    """P(Binomial(n, p) <= k), summed term by term (the independent computation)."""
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+
+
+def test_clopper_pearson_at_every_count():
+    """Where each task scores 0 or 1, pass1_ci is Clopper-Pearson at every count: its bounds solve
+    P(X >= k | lo) = 2.5% and P(X <= k | hi) = 2.5%, the upper bound rises with k, and it covers at least as far
+    as Clopper-Pearson (the percentile bootstrap it replaced gave 1/40 -> [0, 7.5%], under-covering)."""
+    for n in (24, 40):
+        uppers = []
+        for k in range(0, 8):
+            (lo, hi), method = ev.pass1_ci([1.0] * k + [0.0] * (n - k), 1000, 0)
+            assert method == "exact"
+            assert hi == pytest.approx(next(p for p in np.linspace(0, 1, 200001) if binom_cdf(k, n, p) <= 0.025),
+                                       abs=1e-5)
+            if k:
+                assert 1 - binom_cdf(k - 1, n, lo) == pytest.approx(0.025, abs=1e-6)
+            else:
+                assert lo == 0
+            uppers.append(hi)
+        assert all(a < b for a, b in zip(uppers, uppers[1:]))
+    assert ev.pass1_ci([1.0] + [0.0] * 39, 1000, 0)[0] == pytest.approx([0.00063, 0.1316], abs=1e-4)
+    assert ev.pass1_ci([1.0] * 2 + [0.0] * 38, 1000, 0)[0] == pytest.approx([0.0061, 0.1692], abs=1e-4)
+    assert ev.pass1_ci([1.0] * 40, 1000, 0)[0] == pytest.approx([1 - 0.0881, 1], abs=1e-4)
+    # the incomplete beta behind it, against the binomial tail: I_p(k, n - k + 1) = P(X >= k)
+    for k, n, p in ((3, 10, 0.2), (1, 40, 0.01), (7, 18, 0.5), (20, 24, 0.9)):
+        assert ev.betainc(k, n - k + 1, p) == pytest.approx(1 - binom_cdf(k - 1, n, p), abs=1e-12)
     none = ev.score_split([episode(f"t{i}", BASE, False) for i in range(40)], 500, 0)
     assert none["ci_method"] == "exact" and none["ci95"] == pytest.approx([0, 0.0881], abs=1e-4)
     every = ev.score_split([episode(f"t{i}", h, True) for i in range(40) for h in SPACE_IDS], 500, 0)
     assert every["ci_method"] == "exact" and every["ci95"][0] == pytest.approx(0.9119, abs=1e-4)  # n = 40 tasks
-    mixed = ev.score_split([episode(f"t{i}", BASE, i == 0) for i in range(40)], 500, 0)
-    assert mixed["ci_method"] == "bootstrap"
+    one = ev.score_split([episode(f"t{i}", BASE, i == 0) for i in range(40)], 500, 0)
+    assert one["ci_method"] == "exact" and one["ci95"] == pytest.approx([0.00063, 0.1316], abs=1e-4)
+
+
+def test_korn_graubard_interval_by_hand_and_its_coverage():
+    """Task values that are means over m = 4 harnesses: Clopper-Pearson on n_eff = p(1-p)/Var x (z/t_{n-1})^2
+    trials, Var = s^2 / n, at most n m. Coverage by simulation (24 tasks x 4 harnesses, tasks of different
+    difficulty): at least 0.93 where the percentile bootstrap gave 0.89."""
+    v = np.array([0.25, 0.5, 0.0, 0.0, 0.75, 0.0, 0.25, 0.0])
+    p, var = v.mean(), v.var(ddof=1) / len(v)
+    n_eff = p * (1 - p) / var * (1.959964 / 2.364624) ** 2  # t_{7, 0.975} = 2.364624
+    (lo, hi), method = ev.pass1_ci(v, 1000, 0)
+    assert method == "korn-graubard" and ev.trials_per_task(v) == 4
+    assert [lo, hi] == pytest.approx(ev.clopper_pearson(p * n_eff, n_eff), abs=1e-4)
+    # no spread: the cap n m, with m = 2 read off the values (halves; the smallest m, so the wider interval)
+    assert ev.pass1_ci(np.full(24, 0.5), 1000, 0)[0] == pytest.approx(ev.clopper_pearson(24, 48), abs=1e-4)
+    rng = np.random.default_rng(0)
+    for p_true in (0.05, 0.2):
+        q = rng.beta(p_true * 7 / 3, (1 - p_true) * 7 / 3, size=(400, 24))  # intra-task correlation 0.3
+        values = rng.binomial(4, q) / 4
+        ivs = np.array([ev.pass1_ci(x, 0, 0)[0] for x in values])
+        assert np.mean((ivs[:, 0] <= p_true) & (p_true <= ivs[:, 1])) >= 0.93
+
+
+def test_sign_test_against_enumeration():
+    for b, w in ((3, 0), (5, 1), (6, 6), (0, 7), (10, 2)):
+        n = b + w
+        outcomes = list(itertools.product((0, 1), repeat=n))  # every better/worse pattern, equally likely under H0
+        tail = sum(min(sum(o), n - sum(o)) <= min(b, w) for o in outcomes) / len(outcomes)
+        assert ev.sign_test(b, w) == pytest.approx(min(1.0, tail if b != w else 1.0))
+    assert ev.sign_test(0, 0) == 1.0 and ev.sign_test(5, 0) == pytest.approx(0.0625)
 
 
 def test_behaviour_compliance_and_recovery_hand_counted():
@@ -328,7 +380,7 @@ def test_default_label_of_an_iteration_checkpoint(tmp_path):
 
 # ----------------------------------------------------------------------------- --compare
 def make_evaldir(root, run, label, tasks="abcd", inspace=SPACE_IDS[:2], external=("X-shell", "X-react"),
-                 train=(BASE,), temperature=0.0, seed=0):
+                 train=(BASE,), temperature=0.0, seed=0, **engine):
     """A RUN/eval/LABEL folder as 06 leaves it: summary.json (config, train_ids, splits) and the split files;
     success drawn from a seeded generator so rows differ."""
     d = root / run / "eval" / label
@@ -338,7 +390,8 @@ def make_evaldir(root, run, label, tasks="abcd", inspace=SPACE_IDS[:2], external
         write_jsonl(d / f"{split}.jsonl", [episode(t, h, rng.random() < 0.5) for t in tasks for h in ids])
     summary = {"label": label, "policy": f"{run}/policy", "train_ids": sorted(train), "heldout_ids": list(inspace),
                "splits": {s: {} for s in split_ids},
-               "config": {"samples": 1, "temperature": temperature, "max_turns": 6, "max_new_tokens": 128}}
+               "config": {"samples": 1, "temperature": temperature, "max_turns": 6, "max_new_tokens": 128,
+                          "backend": "hf", "dtype": None, "max_model_len": None, **engine}}
     (d / "summary.json").write_text(json.dumps(summary))
     return d
 
@@ -394,6 +447,9 @@ def test_compare_paired_differences_replicates_and_reference(tmp_path):
      f"In-Space harness ids differ: row base/final has {SPACE_IDS[1]}, row other/final does not"),
     (dict(tasks="abce"), "Base tasks differ: row base/final has d, row other/final does not"),
     (dict(temperature=1.0), "temperature differs: row base/final has 0.0, row other/final has 1.0"),
+    (dict(backend="vllm"), "backend differs: row base/final has hf, row other/final has vllm"),
+    (dict(dtype="bfloat16"), "dtype differs: row base/final has None, row other/final has bfloat16"),
+    (dict(max_model_len=2048), "max_model_len differs: row base/final has None, row other/final has 2048"),
 ])
 def test_compare_refuses_rows_off_common_ground(tmp_path, change, message):
     ref = make_evaldir(tmp_path, "base", "final")
@@ -412,3 +468,25 @@ def test_compare_leaves_out_a_split_some_row_lacks(tmp_path):
     proc = run_stage("06_evaluate.py", "--compare", ref, other, "--out", tmp_path / "c")
     assert "Out-of-Space left out of the table" in proc.stdout
     assert set(json.loads((tmp_path / "c.json").read_text())["common_ground"]["splits"]) == {"base", "inspace"}
+
+
+def test_compare_identical_rows_and_the_sign_test(tmp_path):
+    """Two rows with the same per-task values say 'identical', never a zero-width interval; a row that differs gets
+    the exact sign test on its discordant tasks, in the JSON and the table."""
+    tasks = [f"t{i}" for i in range(10)]
+    ref = make_evaldir(tmp_path, "base", "final", tasks=tasks)
+    same = tmp_path / "copy" / "eval" / "final"
+    shutil.copytree(ref, same)
+    other = make_evaldir(tmp_path, "other", "final", tasks=tasks, seed=3)
+    run_stage("06_evaluate.py", "--compare", ref, same, other, "--out", tmp_path / "c")
+    report = json.loads((tmp_path / "c.json").read_text())
+    cell = report["rows"][1]["splits"]["base"]
+    assert cell["identical"] is True and cell["diff_ci95"] is None and cell["sign_test_p"] == 1.0
+    assert cell["better_tasks"] == cell["worse_tasks"] == 0
+    md = (tmp_path / "c.md").read_text()
+    assert "identical on all 10 tasks" in md and "+0.0 [+0.0, +0.0]" not in md
+    for split, x in report["rows"][2]["splits"].items():
+        b, w = x["better_tasks"], x["worse_tasks"]
+        assert x["sign_test_p"] == pytest.approx(ev.sign_test(b, w)) and (b + w == 0) == x["identical"]
+    assert any(not x["identical"] for x in report["rows"][2]["splits"].values())
+    assert ", p " in md
