@@ -550,7 +550,8 @@ def load_optimizer(opt, path, algo, shapes):
     opt.load_state_dict(saved["state"])  # moved to each parameter's device; this run's lr replaces the saved one
     for g, (lr, wd) in zip(opt.param_groups, hyper):
         g["lr"], g["weight_decay"] = lr, wd
-    return f"AdamW state loaded from {path} ({int(next(iter(opt.state.values()))['step'])} steps so far)"
+    steps = int(next(iter(opt.state.values()))["step"]) if opt.state else 0  # 0: saved by an update with no step
+    return f"AdamW state loaded from {path} ({steps} steps so far)"
 
 
 def main(argv=None):

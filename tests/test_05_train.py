@@ -643,6 +643,11 @@ def test_no_signal_no_step_through_the_cli(tiny, tmp_path):
     assert len(rows) == 4 and not any(r["optimizer_step"] for r in rows)
     cfg = json.loads((tmp_path / "b" / "05_train_config.json").read_text())
     assert cfg["optimizer_steps"] == 0 and cfg["trained_sequences"] == 0
+    # a fresh AdamW that made no step saves an empty state; the next update loads it (0 steps so far)
+    run_stage("05_train.py", *common, "--policy", tiny, "--rollouts", tmp_path / "r2.jsonl", "--out", tmp_path / "c" / "p")
+    proc = run_stage("05_train.py", *common, "--policy", tmp_path / "c" / "p", "--rollouts", tmp_path / "r1.jsonl",
+                     "--out", tmp_path / "d" / "p")
+    assert "(0 steps so far)" in proc.stdout
 
 
 def test_truncated_is_on_by_default_where_another_engine_sampled(tiny, tmp_path, capsys):
