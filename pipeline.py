@@ -325,7 +325,8 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
              ["04_rollout.py", "--run", run, "--eval", "--policy", "oracle", "--tokenizer", run / "init_policy",
               "--harnesses", BLACKBOX, "--tasks", train_tasks, "--out", run / "sft" / "demos.jsonl"], args, log)
         step("05-sft", run / "sft" / "policy",
-             [*stage05(args), "--algo", "sft", "--policy", run / "init_policy", "--rollouts", run / "sft" / "demos.jsonl",
+             [*stage05(args), "--algo", "sft", "--policy", run / "init_policy",
+              "--rollouts", run / "sft" / "demos.jsonl",
               "--out", run / "sft" / "policy", "--epochs", cfg["iterations"] * cfg["ppo_epochs"], "--minibatches", 2,
               "--lr", cfg["lr"], "--seed", seed], args, log)
         return run / "sft" / "policy"
