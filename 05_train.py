@@ -16,7 +16,7 @@ turns whose prompt extends the previous prompt + completion are merged (same los
     python 05_train.py --run runs/toy --iteration 0 --algo grpo --lr 3e-4
     python 05_train.py --run runs/toy --iteration 1 --algo ppo --ppo-epochs 2 --minibatches 4 --kl-coef 0.05
     # N GPUs (or N CPU processes on gloo): the same update, each minibatch split over the ranks (docs/distributed.md)
-    torchrun --standalone --nproc_per_node 4 05_train.py --run runs/gpu --iteration 0 --algo grpo
+    torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/gpu --iteration 0 --algo grpo
 
 Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW
 moments, 2x the fp32 weights, loaded by the next update from its --policy folder when it was saved by

@@ -215,9 +215,10 @@ def run_shards(name, output, cmd, n):
 
 
 def stage05(args):
-    """05 in one process, or under torchrun with one process per GPU (the same update: docs/distributed.md)."""
+    """05 in one process, or under torchrun with one process per GPU (the same update: docs/distributed.md).
+    `--` ends torchrun's options: without it torchrun's parser takes 05's --run for an abbreviation of --run-path."""
     if args.gpus > 1:
-        return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", args.gpus, "05_train.py"]
+        return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", args.gpus, "--", "05_train.py"]
     return ["05_train.py"]
 
 

@@ -57,7 +57,7 @@ def update(tiny05, tmp_path_factory):
             T05.main(argv)
         else:
             env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--",
                    str(ROOT / "05_train.py"), *argv] + (["--naive-local-nb"] if mode == "naive" else [])
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

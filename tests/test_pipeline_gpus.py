@@ -53,8 +53,9 @@ def test_gpus_n_shards_04_and_runs_05_under_torchrun(tmp_path, monkeypatch):
     assert not list((run3 / "iter_000").glob("*.shard-*"))
     # 05: torchrun with one process per GPU, the same arguments
     (cmd05_3,) = runs3
-    assert cmd05_3[:7] == [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", "05_train.py"]
-    assert [str(c).replace("run3", "run1") for c in cmd05_3[7:]] == [str(c) for c in cmd05[2:]]
+    assert cmd05_3[:8] == [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", "--",
+                           "05_train.py"]
+    assert [str(c).replace("run3", "run1") for c in cmd05_3[8:]] == [str(c) for c in cmd05[2:]]
 
 
 def test_a_failed_shard_stops_the_pipeline(tmp_path, monkeypatch):
