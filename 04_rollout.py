@@ -81,6 +81,11 @@ def parse_args(argv=None):
                    help="vllm: no compilation / CUDA graphs (default: on for CPU, where start-up is 20 s, not 2 min)")
     p.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default: the model's)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it may use")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="vllm: GPUs that one engine splits the model over (a model larger than one GPU)")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="run only part I of N (0-based) of the episodes, written to <out>.shard-I-of-N.jsonl; the N "
+                   "parts concatenated in order I = 0..N-1 are the records one process writes (pipeline --gpus N)")
     p.add_argument("--order-seed", type=int, default=0,
                    help="train: seed of the task order (keep it fixed over iterations so batches cycle)")
     return p.parse_args(argv)
@@ -745,7 +750,11 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
             outs = [(tok.encode(t, add_special_tokens=False) + tok.stop_ids[:1], None) if tok is not None else None
                     for t in texts]
         else:
-            outs = backend.generate(prompts, turn) if live else []
+            # an episode's sampling randomness is keyed by its episode_id alone (generation.py: episode_seed), so
+            # it draws the same tokens in one process or in any shard (--shard I/N); unnamed episodes: batch RNG
+            keys = [e.meta.get("episode_id") for e in live]
+            outs = ((backend.generate(prompts, turn, keys=keys) if all(keys) else backend.generate(prompts, turn))
+                    if live else [])
             texts = [tok.decode(ids, skip_special_tokens=True) for ids, _ in outs]
         for e, p, out, text in zip(live, prompts, outs, texts):
             if out is not None:
@@ -852,6 +861,19 @@ def load_smolagents():
 
 
 # ----------------------------------------------------------------------------- main
+def parse_shard(spec):
+    """--shard I/N -> (I, N) with 0 <= I < N."""
+    m = re.fullmatch(r"(\d+)/(\d+)", spec or "")
+    if not m or not int(m[1]) < int(m[2]):
+        raise InputError(f"--shard {spec}: expected I/N with 0 <= I < N (e.g. 0/4)")
+    return int(m[1]), int(m[2])
+
+
+def shard_path(path, i, n):
+    """rollouts.jsonl -> rollouts.shard-I-of-N.jsonl (pipeline.py concatenates I = 0..N-1 into the first name)."""
+    return path.with_name(f"{path.stem}.shard-{i}-of-{n}{path.suffix}")
+
+
 def summarize(records):
     """One line of means over all episodes (06 makes the tables)."""
     mean = {f: sum(float(r[f]) for r in records) / len(records) for f in ("reward", "success", "parse_errors", "turns")}
@@ -862,10 +884,12 @@ def summarize(records):
 def run_stage(args):
     if args.eval == (args.iteration is not None):
         raise InputError("give exactly one of --iteration t (train mode) or --eval (eval mode)")
-    bad = [f for f in ("group_size", "samples", "max_turns", "max_new_tokens") if getattr(args, f) < 1]
+    bad = [f for f in ("group_size", "samples", "max_turns", "max_new_tokens", "tensor_parallel_size")
+           if getattr(args, f) < 1]
     if bad or args.temperature < 0 or (args.iteration or 0) < 0:
         raise InputError(f"--{(bad or ['temperature/iteration'])[0].replace('_', '-')}: must be >= 1 (>= 0 for "
                          "--temperature and --iteration)")
+    shard = parse_shard(args.shard) if args.shard else None  # [multi-GPU] (I, N)
     if args.eval and (not args.harnesses or not args.out or not args.policy):
         raise InputError("eval mode needs --policy, --harnesses SPEC and --out FILE")
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
@@ -877,6 +901,14 @@ def run_stage(args):
         jobs, out = eval_jobs(args, tasks)
     else:
         jobs, out = train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
+    config_path = out.with_name(out.stem + ".04_rollout_config.json" if args.eval else "04_rollout_config.json")
+    if shard:  # [multi-GPU] block I of N of the job list: contiguous, so the N files concatenated in order of I
+        # are the one-process records (each episode's sampling randomness is its own: run_episodes)
+        if smolagents:
+            raise InputError("--shard: not for --harnesses smolagents (its episodes run inside smolagents)")
+        i, n = shard
+        jobs = jobs[len(jobs) * i // n:len(jobs) * (i + 1) // n]
+        out, config_path = shard_path(out, i, n), shard_path(config_path, i, n)
     policy = args.policy or str(Path(args.run) / ("init_policy" if not args.iteration else
                                                   f"iter_{args.iteration - 1:03d}/policy"))
     backend, tok, positions = None, None, None
@@ -912,9 +944,9 @@ def run_stage(args):
     config = {**vars(args), "policy": policy, "tasks": str(tasks_path), "episodes": len(records), "out": str(out),
               "harness_ids": sorted({r["harness_id"] for r in records}), "wall_seconds": round(wall, 3),
               "generation_seconds": round(backend.gen_seconds, 3) if backend else None, "versions": versions}
-    config_path = out.with_name(out.stem + ".04_rollout_config.json" if args.eval else "04_rollout_config.json")
     write_atomic(config_path, json.dumps(config, indent=2))
-    summarize(records)
+    if records:
+        summarize(records)
     print(f"wrote {out} ({len(records)} episodes, {wall:.1f} s) and {config_path}")
     return records
 

@@ -18,6 +18,8 @@ turns whose prompt extends the previous prompt + completion are merged (same los
         --epochs 6 --lr 3e-3
     python 05_train.py --run runs/toy --iteration 0 --algo grpo --lr 3e-4
     python 05_train.py --run runs/toy --iteration 1 --algo ppo --ppo-epochs 2 --minibatches 4 --kl-coef 0.05
+    # N GPUs (or N CPU processes on gloo): the same update, each minibatch split over the ranks (docs/distributed.md)
+    torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/gpu --iteration 0 --algo grpo
 
 Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW
 moments, 2x the fp32 weights, loaded by the next update from its --policy folder when it was saved by
@@ -85,6 +87,8 @@ def parse_args(argv=None):
     g.add_argument("--no-optimizer-state", action="store_true", help="neither load nor save optimizer.pt")
     g.add_argument("--no-skip-zero-adv", action="store_true", help="GRPO: also run the sequences whose advantage is "
                    "0 (equal-reward groups), which add exactly 0 to the gradient without KL or entropy terms")
+    # [distributed] tests only: the biased port (loss / the rank's own N_B, gradients averaged over ranks)
+    g.add_argument("--naive-local-nb", action="store_true", help=argparse.SUPPRESS)
     g = p.add_argument_group("tiny model (--init-tiny)")
     g.add_argument("--init-tiny", action="store_true", help="build the toy tokenizer + tiny Llama into --out")
     g.add_argument("--corpus", nargs="+", default=[], help="JSONL files whose strings train the tokenizer")
@@ -138,6 +142,67 @@ MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (
 def check_policy_dir(path, what="policy"):
     if not (Path(path) / "config.json").is_file():
         fail(f"{what} folder {path} not found (expected a save_pretrained folder with config.json)")
+
+
+# ------------------------------------------------------------------- distributed (torchrun; docs/distributed.md)
+# Under `torchrun --nproc_per_node N` every rank loads the same rollouts, builds the same sequences and draws the
+# same minibatch order (same seed); each minibatch is then split over the ranks by tokens. Three things make N ranks
+# give the one-process update: N_B (and every batch-level count of the log) is summed over ranks BEFORE the loss,
+# gradients are SUMMED over ranks (not averaged), and the clipping norm is taken after that sum (the global norm).
+# Run as `python 05_train.py`, WORLD = 1 and none of this runs a collective.
+RANK, WORLD = 0, 1
+
+
+def init_distributed():
+    """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR; gloo on CPU, NCCL on GPUs."""
+    global RANK, WORLD
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch.distributed as dist
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" below = this rank's GPU
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    RANK, WORLD = dist.get_rank(), dist.get_world_size()
+
+
+def all_sum(x):
+    """sum over ranks of a number or a list of numbers (float64, exact for token counts); identity on one process."""
+    if WORLD == 1:
+        return x
+    import torch.distributed as dist
+    t = torch.tensor(x, dtype=torch.float64, device="cuda" if torch.cuda.is_available() else "cpu")
+    dist.all_reduce(t)  # SUM
+    return t.tolist()
+
+
+def shard_by_tokens(seqs, rank=None, world=None, cost=lambda s: len(s["ids"])):
+    """This rank's share of a list of sequences: costliest first onto the least-loaded rank (cost: tokens run by
+    the forward), ties by position, so every rank computes the same split without talking to the others."""
+    rank, world = RANK if rank is None else rank, WORLD if world is None else world
+    load, owner = [0] * world, [0] * len(seqs)
+    for i in sorted(range(len(seqs)), key=lambda i: (-cost(seqs[i]), i)):
+        owner[i] = min(range(world), key=lambda r: (load[r], r))
+        load[owner[i]] += cost(seqs[i])
+    return [s for s, r in zip(seqs, owner) if r == rank]
+
+
+def all_reduce_grads(params, naive=False):
+    """g = sum_r g_r. Each rank divided its loss by the GLOBAL N_B, so
+        sum_r 1/N_B sum_{t in B_r} l_t = 1/N_B sum_{t in B} l_t,
+    the one-process loss, and the sum of the ranks' gradients is the one-process gradient. A plain all-reduce
+    rather than DistributedDataParallel: DDP AVERAGES (1/W sum_r g_r, so the loss would need a factor W), needs every
+    forward to go through its wrapper (05 calls model.base_model and the LM head directly) and the same number of
+    synchronised backwards per rank, while ranks here hold different numbers of micro-batches (or none: a rank
+    without an active sequence sends zeros). What DDP adds is speed (buckets reduced while backward still runs).
+    naive=True (tests only): the biased port, each rank's loss over its own N_B_r, then DDP's mean:
+    1/W sum_r 1/N_B_r sum_{t in B_r} l_t, which weighs a token on a short rank more than one on a long rank."""
+    import torch.distributed as dist
+    for p in params:
+        if p.grad is None:  # a rank that ran no sequence: it still takes part, with zeros
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)  # SUM over ranks
+        if naive:
+            p.grad /= WORLD
 
 
 # ------------------------------------------------------------------------------------- tiny model
@@ -458,7 +523,13 @@ def skips_zero_adv(args):
 def accumulate(model, vhead, seqs, args, pad_id, device, amp):
     """Forward/backward one minibatch in micro-batches; gradients add up to d(loss)/d(theta) of the
     whole minibatch because every micro-batch divides by the minibatch's N_B, not its own."""
+    # [distributed] this rank's share of the minibatch, balanced by the tokens that will run (skipped ones cost 0)
+    if WORLD > 1:
+        seqs = shard_by_tokens(seqs, cost=lambda s: len(s["ids"]) if not skips_zero_adv(args) or s["adv"].any() else 0)
     n_b = sum(s["n"] for s in seqs)  # N_B: generated tokens of the whole minibatch
+    if WORLD > 1:  # [distributed] N_B = sum of the ranks' counts, before any loss (each rank's count is logged)
+        rank_tokens = all_sum([n_b * (r == RANK) for r in range(WORLD)])
+        n_b = n_b if args.naive_local_nb else sum(rank_tokens)
     keys = ("loss", "pg_loss", "value_loss", "kl", "clip_frac", "approx_kl", "entropy")
     m = dict.fromkeys(keys, 0.0) | dict(tokens=n_b, seq_tokens=0)
     # the sequences with signal: GRPO without KL/entropy, those with A != 0 (A = 0 on every token gives
@@ -469,6 +540,10 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
         seqs = signal
     seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # less padding; the sum does not depend on order
     n_act = max(1, sum(s["n"] for s in seqs))  # the tokens run: clip_frac, approx_kl, entropy average over them
+    if WORLD > 1:  # [distributed] the global counts of tokens run and of sequences with signal: the decision to
+        # skip the optimizer step is about the whole minibatch, never one rank's share (else the ranks drift apart)
+        n_act, signal_count = all_sum([sum(s["n"] for s in seqs), m["signal_sequences"]])
+        n_act, m["signal_sequences"] = max(1, n_act), int(signal_count)
     for i in range(0, len(seqs), args.micro_batch_size):
         b = collate(seqs[i:i + args.micro_batch_size], pad_id, device)
         logp, ent, v = forward(model, vhead, b, amp, ent_grad=args.ent_coef > 0)
@@ -504,6 +579,12 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
             m["approx_kl"] += ((ratio - 1) - lr).sum().item() / n_act  # k3 of KL(old || new)
             m["entropy"] += ent.sum().item() / n_act
             m["seq_tokens"] += b["tokens"]
+    if WORLD > 1:  # [distributed] every term above is over the global N_B / n_act: the ranks' sum is the minibatch's
+        if args.tis_cap:
+            m.setdefault("tis_weight", 0.0)  # the same keys on every rank, even one that ran nothing
+        names = [k for k in m if k != "tokens"]
+        m.update(zip(names, all_sum([m[k] for k in names])), tokens=int(n_b), rank_tokens=list(map(int, rank_tokens)))
+        m["seq_tokens"] = int(m["seq_tokens"])
     return m
 
 
@@ -511,7 +592,8 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
 def score(model, vhead, seqs, pad_id, device, amp, bs, out_key, desc):
     """Per-sequence log-probs (and values) of the generated tokens with the current weights."""
     model.eval()
-    for i in tqdm(range(0, len(seqs), bs), desc=desc, leave=False, disable=len(seqs) <= 4 * bs):
+    all_seqs, seqs = seqs, shard_by_tokens(seqs) if WORLD > 1 else seqs  # [distributed] each rank scores its share
+    for i in tqdm(range(0, len(seqs), bs), desc=desc, leave=False, disable=len(seqs) <= 4 * bs or RANK > 0):
         chunk = seqs[i:i + bs]
         logp, _, v = forward(model, vhead, collate(chunk, pad_id, device), amp)
         for s, lp, vv in zip(chunk, logp.split([s["n"] for s in chunk]),
@@ -519,6 +601,15 @@ def score(model, vhead, seqs, pad_id, device, amp, bs, out_key, desc):
             s[out_key] = lp.float().cpu()
             if vv is not None:
                 s["old_v"] = vv.float().cpu()
+    if WORLD > 1:  # [distributed] ... and every rank receives every rank's scores (a few floats per token)
+        import torch.distributed as dist
+        parts = [None] * WORLD
+        dist.all_gather_object(parts, [(s[out_key], s.get("old_v")) for s in seqs])
+        for r, part in enumerate(parts):
+            for s, (lp, vv) in zip(shard_by_tokens(all_seqs, rank=r), part):
+                s[out_key] = lp
+                if vv is not None:
+                    s["old_v"] = vv
     model.train()
 
 
@@ -566,6 +657,9 @@ def main(argv=None):
         fail("--lr, --vf-lr and --tis-cap must be > 0 and --clip-eps in (0, 1)")
     if (args.algo == "sft" and (args.tis_cap or args.no_tis)) or (args.algo != "sft" and args.min_reward is not None):
         fail("--min-reward is for --algo sft only (it would bias an RL update), --tis-cap for grpo/ppo only")
+    init_distributed()  # [distributed] under torchrun: join the process group (no-op for `python 05_train.py`)
+    if RANK > 0:  # [distributed] one voice: only rank 0 prints to stdout (errors and tqdm go to stderr)
+        sys.stdout = open(os.devnull, "w")
     policy, rollouts, out, ref, ref_why = resolve_paths(args)
     check_policy_dir(policy)
     if not rollouts.is_file():
@@ -628,8 +722,9 @@ def main(argv=None):
                             "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
         info["tis_cap"] = tis_cap_for(args, episodes)
         if info["tis_cap"]:
-            print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {info['tis_cap']}) "
-                  f"({'--tis-cap' if args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
+            if RANK == 0:
+                print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {info['tis_cap']}) "
+                      f"({'--tis-cap' if args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
             for s in active:  # min(pi_old / pi_rollout, C); tokens without rollout log-probs weigh 1
                 w = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=info["tis_cap"])  # [n]
                 s["tis_w"] = torch.where(torch.isnan(w), torch.ones_like(w), w)
@@ -643,7 +738,7 @@ def main(argv=None):
     if args.algo == "ppo":  # GAE needs the old values scored above
         ppo_advantages(seqs, rewards, args.gamma, args.lam, whiten=not args.no_norm_adv)
     prep_s = time.time() - t0
-    for w in warnings:
+    for w in warnings if RANK == 0 else []:
         print(f"[05] warning: {w}", file=sys.stderr)
 
     # ---- optimisation: epochs x minibatches, each minibatch one AdamW step (micro-batches accumulate);
@@ -665,7 +760,7 @@ def main(argv=None):
         mb_size = 32 if args.algo == "sft" else math.ceil(len(seqs) / 2)
     n_mb = math.ceil(len(seqs) / mb_size)
     log, t_update = [], time.time()
-    bar = tqdm(total=epochs * n_mb, desc=f"05 {args.algo}", disable=epochs * n_mb < 5)
+    bar = tqdm(total=epochs * n_mb, desc=f"05 {args.algo}", disable=epochs * n_mb < 5 or RANK > 0)
     for epoch in range(epochs):
         order = torch.randperm(len(seqs), generator=shuffle_gen).tolist()
         for j in range(n_mb):
@@ -677,6 +772,8 @@ def main(argv=None):
             m["optimizer_step"] = m["signal_sequences"] > 0
             norms = [0.0] * len(groups)
             if m["optimizer_step"]:
+                if WORLD > 1:  # [distributed] sum the ranks' gradients: clip_grad_norm_ below then sees the global norm
+                    all_reduce_grads([p for g in groups for p in g["params"]], naive=args.naive_local_nb)
                 norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], args.max_grad_norm)) for g in groups]
                 opt.step()
             opt.zero_grad(set_to_none=True)
@@ -695,9 +792,15 @@ def main(argv=None):
     bar.close()
     update_s = time.time() - t_update
     info["optimizer_steps"] = sum(r["optimizer_step"] for r in log)
-    if not info["optimizer_steps"]:
+    if not info["optimizer_steps"] and RANK == 0:
         print(f"[05] no optimizer step: no minibatch had a sequence with signal (every GRPO group reward-equal); "
               f"the policy is written unchanged")
+    if WORLD > 1:  # [distributed] every rank holds the same weights and AdamW state: rank 0 alone writes them
+        import torch.distributed as dist
+        dist.barrier()
+        if RANK > 0:
+            dist.destroy_process_group()
+            return None
 
     # ---- write: checkpoint to <out>.tmp, the log and the config beside it, then <out>.tmp -> <out> last
     tmp = Path(str(out) + ".tmp")
@@ -720,6 +823,8 @@ def main(argv=None):
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)  # the checkpoint appears last: its presence means the stage finished
+    if WORLD > 1:
+        torch.distributed.destroy_process_group()
     print(f"[05] {args.algo}: {info['episodes']} episodes, {info['sequences']} sequences "
           f"({info['turns']} turns), {info['gen_tokens']} generated tokens, reward mean {info['reward_mean']:.3f}")
     extra = {k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences", "tis_cap")

@@ -5,14 +5,19 @@ the same backends through 04). Both backends keep one contract, so 04 never know
 
     backend = HFBackend(path, tok, args) or VLLMBackend(path, tok, args)
     backend.generate([prompt_ids, ...], turn) -> [(completion_ids, logprobs or None), ...]   # prompt order
+    backend.generate([prompt_ids, ...], turn, keys=[episode_id, ...])  # each episode's randomness its own (04)
 
 completion_ids: the sampled tokens, cut after the first stop token (tok.stop_ids); logprobs: for each of
 them the log-probability under the distribution it was sampled from (logits / temperature, no other warper),
 None when greedy (temperature 0). backend.gen_seconds adds up the wall time spent generating.
 
+With keys, a prompt's sampling randomness depends only on (seed, turn, its key), never on the other prompts of the
+batch: one 04 process and N shard processes (04 --shard I/N) then draw the same tokens for the same episode.
+
 `args` fields read: temperature, max_new_tokens, seed; dtype (auto|bfloat16|float16|float32); vLLM only:
-enforce_eager (None = on for CPU), max_model_len, gpu_memory_utilization (GPU).
+enforce_eager (None = on for CPU), max_model_len, gpu_memory_utilization (GPU), tensor_parallel_size.
 """
+import hashlib
 import json
 import os
 import time
@@ -53,6 +58,11 @@ def max_positions(path):
     return cfg.get("text_config", cfg).get("max_position_embeddings")  # multimodal configs nest the text model
 
 
+def episode_seed(seed, turn, key):
+    """A 63-bit seed from (run seed, turn, episode key) alone: the same whichever batch or shard the episode is in."""
+    return int.from_bytes(hashlib.sha256(f"{seed}|{turn}|{key}".encode()).digest()[:8], "little") >> 1
+
+
 def pick_dtype(name, cuda, bf16_ok, cpu="float32"):
     """auto: bfloat16 on a GPU that has it, float16 on one that has not (T4, V100), `cpu` on the CPU."""
     if name != "auto":
@@ -75,7 +85,7 @@ class HFBackend:
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.stop_ids[0]
         self.gen_seconds = 0.0
 
-    def generate(self, prompts, turn):
+    def generate(self, prompts, turn, keys=None):
         from transformers import GenerationConfig, LogitsProcessor
         torch, T = self.torch, self.args.temperature
         width = max(map(len, prompts))
@@ -83,6 +93,9 @@ class HFBackend:
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [B, L]
         sample = T > 0
         picked = []  # picked[i]: [B] log-prob of the token sampled at step i
+        # keys: one generator per episode, seeded from (seed, turn, key) (see episode_seed); no keys: the global RNG
+        gens = [torch.Generator(self.device).manual_seed(episode_seed(getattr(self.args, "seed", 0), turn, k))
+                for k in keys] if sample and keys is not None else None
 
         class Recorder(LogitsProcessor):
             """Holds one step's log-softmax([B, V]) until the next step shows which token was sampled from it,
@@ -93,7 +106,12 @@ class HFBackend:
                 if self.last is not None:
                     picked.append(self.last.gather(-1, input_ids[:, -1:])[:, 0])  # [B]
                 self.last = torch.log_softmax(scores.float() / T, -1)  # [B, V]
-                return scores
+                if gens is None:
+                    return scores
+                # Gumbel-max: argmax_v(log p_v + G_v), G_v = -log(-log U_v), U_v ~ U(0, 1), is a sample of p; each
+                # row's U comes from its episode's own generator, so no other row changes it (greedy decoding below)
+                u = torch.stack([torch.rand(scores.shape[-1], generator=g, device=scores.device) for g in gens])
+                return self.last - torch.log(-torch.log(u))  # [B, V]
 
         recorder = Recorder()
         # explicit values: unset fields would be filled from the checkpoint's generation_config (top_k, top_p, ...)
@@ -101,6 +119,10 @@ class HFBackend:
                                   typical_p=1.0, repetition_penalty=1.0, max_new_tokens=self.args.max_new_tokens,
                                   eos_token_id=self.tok.stop_ids, pad_token_id=self.pad,
                                   return_dict_in_generate=True)
+        if gens is not None:  # the sample is drawn by the Gumbel-max processor: decode greedily on its scores
+            config = GenerationConfig(do_sample=False, max_new_tokens=self.args.max_new_tokens,
+                                      eos_token_id=self.tok.stop_ids, pad_token_id=self.pad, repetition_penalty=1.0,
+                                      return_dict_in_generate=True)
         start = time.perf_counter()
         with torch.no_grad():
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
@@ -143,18 +165,22 @@ class VLLMBackend:
             options["gpu_memory_utilization"] = getattr(args, "gpu_memory_utilization", 0.9)
         else:  # a prompt prefilled in chunks crashes seeded requests on CPU ("CPU Generator does not use offset")
             options["enable_chunked_prefill"] = False
+        if (getattr(args, "tensor_parallel_size", None) or 1) > 1:  # one model split over that many GPUs
+            options["tensor_parallel_size"] = args.tensor_parallel_size
         # generation_config="vllm": ignore the checkpoint's sampling defaults; processed_logprobs: log-probs of
         # the distribution sampled from (after temperature); 05 trains fp32, vLLM samples in `dtype`
         self.llm = vllm.LLM(model=str(path), seed=args.seed, dtype=dtype, generation_config="vllm",
                             logprobs_mode="processed_logprobs",
                             **{k: v for k, v in options.items() if v is not None})
 
-    def generate(self, prompts, turn):
+    def generate(self, prompts, turn, keys=None):
         T = self.args.temperature
-        params = [self.vllm.SamplingParams(temperature=T, max_tokens=self.args.max_new_tokens,
-                                           seed=(self.args.seed * 1_000_003 + turn * 10_007 + i) % 2**31,
+        # a distinct seed per request: group samples must differ; with keys, the episode's own (see episode_seed)
+        seeds = ([episode_seed(self.args.seed, turn, k) % 2**31 for k in keys] if keys is not None else
+                 [(self.args.seed * 1_000_003 + turn * 10_007 + i) % 2**31 for i in range(len(prompts))])
+        params = [self.vllm.SamplingParams(temperature=T, max_tokens=self.args.max_new_tokens, seed=seed,
                                            stop_token_ids=list(self.tok.stop_ids), logprobs=0 if T > 0 else None)
-                  for i in range(len(prompts))]  # a distinct seed per request: group samples must differ
+                  for seed in seeds]
         start = time.perf_counter()
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         self.gen_seconds += time.perf_counter() - start

