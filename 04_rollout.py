@@ -193,7 +193,8 @@ def surrogate_field(x, field=""):
 def check_text(record, where):
     field = surrogate_field(record)
     if field:
-        raise InputError(f"{where}: field '{clip(safe_text(field), 60)}': a lone UTF-16 surrogate (e.g. \\ud800) is not text")
+        raise InputError(f"{where}: field '{clip(safe_text(field), 60)}': a lone UTF-16 surrogate (e.g. \\ud800) "
+                         "is not text")
 
 
 # ----------------------------------------------------------------------------- tasks and checkers
@@ -357,7 +358,8 @@ HARNESS_SCHEMA = {
     "T": {"syntax": (tuple(SYNTAXES), True), "tools": ("tools", True), "max_calls_per_turn": ("int >= 1", False),
           "final_answer": ("text", False)},
     "O": {"role": (("tool", "user"), True), "template": ("text", True), "error_template": ("text", True),
-          "max_chars": ("int >= 1", False), "truncate_marker": ("text or null", False), "line_numbers": ("bool", False)},
+          "max_chars": ("int >= 1", False), "truncate_marker": ("text or null", False),
+          "line_numbers": ("bool", False)},
     "C": {"mode": (("full", "window", "elide"), True), "k": ("int >= 0 or null", False),
           "elided_text": ("text or null", False)},
     "W": {"rules": ("text or null", False), "plan_first": ("bool", False), "plan_prefix": ("text or null", False),
