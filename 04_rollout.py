@@ -28,13 +28,16 @@ final workspace and answer. Writes DIR/iter_{t:03d}/rollouts.jsonl or --out + co
 """
 import argparse
 import ast
+import contextlib
 import json
 import math
 import operator
 import os
 import random
 import re
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -934,6 +937,71 @@ def load_smolagents():
     return smolagents_harness
 
 
+# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
+LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
+    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
+    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
+    the folders made for it if they stayed empty: bad input leaves nothing behind."""
+    path = Path(path).resolve()
+    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                pid = int(holder["pid"])
+            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
+                holder, pid = {}, None
+            if pid is not None and inherited.get(str(path)) == str(pid):
+                yield  # our parent holds it
+                return
+            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
+                    time.time() - path.stat().st_mtime < 5:
+                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
+                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
+                raise SystemExit(2)
+            path.unlink(missing_ok=True)  # stale: its process is gone
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
+    before = os.environ.get(LOCK_ENV)
+    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
+    term = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, term)
+        if before is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = before
+        path.unlink(missing_ok=True)
+        for p in made:  # deepest first
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
 # ----------------------------------------------------------------------------- main
 def summarize(records):
     """One line of means over all episodes (06 makes the tables)."""
@@ -1001,8 +1069,14 @@ def run_stage(args):
 
 
 def main(argv=None):
+    args = parse_args(argv)
+    # one writer per output file: <out>.lock (train: DIR/iter_t/rollouts.jsonl.lock) while this call writes it
+    out = (Path(args.out) if args.out else None) if args.eval else \
+        Path(args.run) / f"iter_{args.iteration:03d}" / "rollouts.jsonl" if args.iteration is not None else None
+    lock = locked(out.with_name(out.name + ".lock")) if out else contextlib.nullcontext()  # None: a usage error
     try:
-        run_stage(parse_args(argv))
+        with lock:
+            run_stage(args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
