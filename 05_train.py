@@ -647,10 +647,15 @@ def run_stage(args):
     for k in ("ppo_epochs", "epochs", "micro_batch_size", "minibatches", "minibatch_size"):
         if getattr(args, k) is not None and getattr(args, k) < 1:
             fail(f"--{k.replace('_', '-')} must be >= 1")
-    if min(x for x in (args.lr, args.vf_lr, args.tis_cap) if x is not None) <= 0 or not 0 < args.clip_eps < 1:
-        fail("--lr, --vf-lr and --tis-cap must be > 0 and --clip-eps in (0, 1)")
-    if (args.algo == "sft" and args.tis_cap) or (args.algo != "sft" and args.min_reward is not None):
-        fail("--min-reward is for --algo sft only (it would bias an RL update), --tis-cap for grpo/ppo only")
+    for flag, x in (("--lr", args.lr), ("--vf-lr", args.vf_lr), ("--tis-cap", args.tis_cap)):  # name only the flag
+        if x is not None and not (math.isfinite(x) and x > 0):  # that is wrong
+            fail(f"{flag} {x}: must be a finite number > 0")
+    if not 0 < args.clip_eps < 1:
+        fail(f"--clip-eps {args.clip_eps}: must be in (0, 1)")
+    if args.algo == "sft" and args.tis_cap:
+        fail("--tis-cap is for --algo grpo/ppo only")
+    if args.algo != "sft" and args.min_reward is not None:
+        fail("--min-reward is for --algo sft only (it would bias an RL update)")
     policy, rollouts, out, ref, ref_why = resolve_paths(args)
     check_policy_dir(policy)
     if not rollouts.is_file():

@@ -325,3 +325,18 @@ def test_the_pipeline_forwards_a_signal_to_its_stage_and_waits(sig, tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(child, 0)  # no orphan left running
     assert "stopped by" in proc.stderr.read()
+
+
+@pytest.mark.parametrize("flags,needle,absent", [
+    (["--lr", "-1"], "--lr -1.0: must be a finite number > 0", ["--tis-cap", "--vf-lr", "--clip-eps"]),
+    (["--lr", "nan"], "--lr nan", ["--tis-cap"]),
+    (["--algo", "grpo", "--min-reward", "1"], "--min-reward is for --algo sft only", ["--tis-cap"]),
+    (["--algo", "sft", "--tis-cap", "2"], "--tis-cap is for --algo grpo/ppo only", ["--min-reward"])])
+def test_05_flag_errors_name_only_the_flags_given(flags, needle, absent, tiny05, tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(rollout(300, i)) + "\n" for i in range(2)))
+    with pytest.raises(SystemExit) as e:
+        T05.main(["--policy", str(tiny05), "--rollouts", str(path), "--out", str(tmp_path / "o" / "policy"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and needle in err[0] and not any(a in err[0] for a in absent), err
+    assert not (tmp_path / "o").exists()
