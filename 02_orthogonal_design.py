@@ -31,12 +31,16 @@ the order S,T,O,C,W: a JSON list of rows, or a CSV / whitespace table (an option
 "S,T,O,C,W", '#' comments). A table whose levels are all 1-based (no 0 anywhere) is shifted.
 """
 import argparse
+import contextlib
 import itertools
 import json
 import math
 import os
 import random
+import signal
 import sys
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -112,13 +116,36 @@ def jsonl_text(records):
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
 
+def read_utf8(path):
+    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        fail(f"{path}, line {line}: invalid UTF-8 (byte {data[e.start]:#04x})")
+
+
+def lone_surrogate(x, field=""):
+    """The first field holding a lone UTF-16 surrogate (JSON "\\ud800": not text, cannot be written), or None."""
+    if isinstance(x, str):
+        return (field or "(top level)") if any("\ud800" <= ch <= "\udfff" for ch in x) else None
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+    for k, v in items:
+        name = f"{field}.{k}".lstrip(".")
+        found = lone_surrogate(k, name + " (name)") or lone_surrogate(v, name)
+        if found:
+            return found.encode("utf-8", "replace").decode("utf-8")
+    return None
+
+
 def read_jsonl(path):
     """[(line number, record)] of a JSONL file; stops on the first malformed line."""
     path = Path(path)
     if not path.is_file():
         fail(f"{path}: file not found")
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(read_utf8(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -127,6 +154,9 @@ def read_jsonl(path):
             fail(f"{path}, line {n}: malformed JSON ({e.msg})")
         if not isinstance(rec, dict):
             fail(f"{path}, line {n}: expected a JSON object")
+        field = lone_surrogate(rec) if "\\u" in line else None
+        if field:
+            fail(f"{path}, line {n}: field '{field}': a lone UTF-16 surrogate (e.g. \\ud800) is not text")
         out.append((n, rec))
     return out
 
@@ -137,7 +167,7 @@ def load_run(run):
     if not cpath.is_file():
         fail(f"{cpath}: file not found (run 01_harness_space.py --run {run} first)")
     try:
-        comp = json.loads(cpath.read_text(encoding="utf-8"))
+        comp = json.loads(read_utf8(cpath))
     except json.JSONDecodeError as e:
         fail(f"{cpath}, line {e.lineno}: malformed JSON ({e.msg})")
     order = comp.get("order") if isinstance(comp, dict) else None
@@ -264,7 +294,7 @@ def read_design(path, levels, names):
     path = Path(path)
     if not path.is_file():
         fail(f"{path}: file not found")
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path)
     entries = []                                   # (where, row)
     if text.lstrip().startswith("["):
         try:
@@ -365,11 +395,81 @@ def print_comparison(columns):
         print((f"{label:<32}" + "".join(f"{fn(r):<{width}}" for _, r in columns)).rstrip())
 
 
+# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
+LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
+    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
+    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
+    the folders made for it if they stayed empty: bad input leaves nothing behind."""
+    path = Path(path).resolve()
+    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                pid = int(holder["pid"])
+            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
+                holder, pid = {}, None
+            if pid is not None and inherited.get(str(path)) == str(pid):
+                yield  # our parent holds it
+                return
+            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
+                    time.time() - path.stat().st_mtime < 5:
+                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
+                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
+                raise SystemExit(2)
+            path.unlink(missing_ok=True)  # stale: its process is gone
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
+    before = os.environ.get(LOCK_ENV)
+    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
+    term = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, term)
+        if before is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = before
+        path.unlink(missing_ok=True)
+        for p in made:  # deepest first
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
 # ---------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------
 def main(argv=None):
     args = parse_args(argv)
+    with locked(Path(args.run) / "run.lock"):  # one writer per run folder
+        return run_stage(args)
+
+
+def run_stage(args):
     run = Path(args.run)
     if args.n is not None and (args.method != "random" or args.n < 1):
         fail(f"--n {args.n}: only with --method random, and at least 1")

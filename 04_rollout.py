@@ -28,13 +28,16 @@ final workspace and answer, pass/fail (1 when every check passes, else 0; `check
 """
 import argparse
 import ast
+import contextlib
 import json
 import math
 import operator
 import os
 import random
 import re
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -101,17 +104,27 @@ def clip(s, n=MAX_ERR):
     return s if len(s) <= n else s[:n] + "..."
 
 
-def read_jsonl(path, what):
+def read_text(path, what):
+    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
     if not Path(path).is_file():
         raise InputError(f"{path}: {what} file not found")
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise InputError(f"{path}:{line}: invalid UTF-8 (byte {data[e.start]:#04x})")
+
+
+def read_jsonl(path, what):
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append((n, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise InputError(f"{path}:{n}: malformed JSON ({e.msg})")
+    for n, line in enumerate(read_text(path, what).splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{n}: malformed JSON ({e.msg})")
+            check_text(rows[-1][1], f"{path}:{n}")
     return rows
 
 
@@ -119,7 +132,11 @@ def write_atomic(path, text):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -140,6 +157,52 @@ def fill(template, **values):
 def has_line(text, prefix):
     """Does a line of `text` start with `prefix` (leading spaces allowed)?"""
     return any(line.lstrip().startswith(prefix) for line in text.splitlines())
+
+
+# ----------------------------------------------------------------------------- input checking: text is data
+# Model text is data. A model can type a lone UTF-16 surrogate in plain ASCII (`"\ud800"` in a JSON string or a
+# Python literal); such a str cannot be encoded as UTF-8 (writing the record fails) nor tokenized. Every string
+# that enters from a reply, a parsed call or a tool result goes through safe(): a lone surrogate becomes U+FFFD.
+# In an input file (tasks, assignment, harness records) the same escape is bad input: check_text() names the field.
+def safe_text(s):
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:  # a pair of surrogates becomes its character, a lone one U+FFFD
+        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def safe(x):
+    """safe_text on every string of a reply, a parsed call (names, keys, values) or a tool result."""
+    if isinstance(x, str):
+        return safe_text(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(safe(v) for v in x)
+    if isinstance(x, dict):
+        return {safe(k): safe(v) for k, v in x.items()}
+    return x
+
+
+def surrogate_field(x, field=""):
+    """The first field (dotted path) of a JSON value holding a string that is not valid Unicode text, or None."""
+    if isinstance(x, str):
+        return None if safe_text(x) is x else (field or "(the record)")
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+    for k, v in items:
+        name = f"{field}[{k}]" if isinstance(x, list) else f"{field}.{k}" if field else str(k)
+        if isinstance(k, str) and safe_text(k) is not k:
+            return name
+        found = surrogate_field(v, name)
+        if found:
+            return found
+    return None
+
+
+def check_text(record, where):
+    field = surrogate_field(record)
+    if field:
+        raise InputError(f"{where}: field '{clip(safe_text(field), 60)}': a lone UTF-16 surrogate (e.g. \\ud800) "
+                         "is not text")
 
 
 # ----------------------------------------------------------------------------- tasks and checkers
@@ -171,7 +234,8 @@ def load_tasks(path):
             if not (isinstance(step, dict) and step.get("tool") in CANONICAL and isinstance(step.get("args", {}), dict)
                     and set(step.get("args", {})) == set(CANONICAL[step["tool"]])):
                 raise InputError(f"{where}: field 'solution[{i}]': needs a canonical tool and exactly its args")
-        t.setdefault("family", "custom")
+        if not isinstance(t.setdefault("family", "custom"), str):
+            raise InputError(f"{where}: field 'family' is not a string")
         tasks.append(t)
     if not tasks:
         raise InputError(f"{path}: no tasks")
@@ -307,28 +371,61 @@ class Workspace:
 
 
 # ----------------------------------------------------------------------------- harness records
-# What 04 reads from a harness record (01 writes it): (component, field, type, allowed values or None).
-FIELDS = [("S", "template", str, None), ("T", "syntax", str, SYNTAXES), ("T", "tools", dict, None),
-          ("T", "max_calls_per_turn", int, None), ("O", "role", str, ("tool", "user")), ("O", "template", str, None),
-          ("O", "error_template", str, None), ("C", "mode", str, ("full", "window", "elide"))]
+# ---- input checking: the harness record's schema. What 04 reads from each component (01 writes it; README and
+# docs/robustness.md list the same table): field -> (kind, required). Optional fields fall back to the base's behaviour.
+HARNESS_SCHEMA = {
+    "S": {"template": ("text", True), "placement": (("system", "user"), False), "task_prefix": ("text or null", False)},
+    "T": {"syntax": (tuple(SYNTAXES), True), "tools": ("tools", True), "max_calls_per_turn": ("int >= 1", False),
+          "final_answer": ("text", False)},
+    "O": {"role": (("tool", "user"), True), "template": ("text", True), "error_template": ("text", True),
+          "max_chars": ("int >= 1", False), "truncate_marker": ("text or null", False),
+          "line_numbers": ("bool", False)},
+    "C": {"mode": (("full", "window", "elide"), True), "k": ("int >= 0 or null", False),
+          "elided_text": ("text or null", False)},
+    "W": {"rules": ("text or null", False), "plan_first": ("bool", False), "plan_prefix": ("text or null", False),
+          "reply_marker": ("text or null", False), "budget_reminder": ("text or null", False),
+          "verify_before_submit": ("bool", False), "verify_marker": ("text or null", False)},
+}
+KINDS = {  # kind -> (check, what the message says)
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "text or null": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "int >= 1": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
+    "int >= 0 or null": (lambda v: v is None or (type(v) is int and v >= 0), "an integer >= 0 or null"),
+    "tools": (lambda v: isinstance(v, dict), "an object canonical tool -> {name, args}"),
+}
+
+
+def check_field(value, kind):
+    """None if value is of this kind, else what it should be."""
+    if isinstance(kind, tuple):
+        return None if isinstance(value, str) and value in kind else f"one of {list(kind)}"
+    ok, want = KINDS[kind]
+    return None if ok(value) else want
 
 
 def validate_harness(h, where):
     if not isinstance(h, dict) or not isinstance(h.get("harness_id"), str) or not h["harness_id"]:
         raise InputError(f"{where}: field 'harness_id' missing")
+    check_text(h, where)
     specs = h.get("specs")
     if not isinstance(specs, dict) or any(not isinstance(specs.get(c), dict) for c in COMPONENTS):
         raise InputError(f"{where}: field 'specs' must hold objects S, T, O, C, W")
-    for c, key, typ, allowed in FIELDS:
-        value = specs[c].get(key, 1 if key == "max_calls_per_turn" else None)  # the one field with a default
-        if not isinstance(value, typ) or (allowed and value not in allowed) or (typ is int and value < 1):
-            want = f"one of {list(allowed)}" if allowed else f"a {typ.__name__}" + (" >= 1" if typ is int else "")
-            raise InputError(f"{where}: field 'specs.{c}.{key}': {clip(value, 40)!r} is not {want}")
+    for c, fields in HARNESS_SCHEMA.items():
+        for key, (kind, required) in fields.items():
+            if key not in specs[c] and not required:
+                continue
+            want = check_field(specs[c].get(key), kind)
+            if want:
+                value = specs[c].get(key, "(missing)")
+                raise InputError(f"{where}: field 'specs.{c}.{key}': {clip(json.dumps(value), 40)} is not {want}")
     tools = specs["T"]["tools"]
     for tool, t in tools.items():
-        if tool not in CANONICAL or not isinstance(t, dict) or not isinstance(t.get("name"), str) \
-                or set(t.get("args", {})) != set(CANONICAL[tool]):
-            raise InputError(f"{where}: field 'specs.T.tools.{tool}': needs a canonical tool, a name, all its args")
+        args = t.get("args") if isinstance(t, dict) else None
+        if not (isinstance(args, dict) and tool in CANONICAL and isinstance(t.get("name"), str) and t["name"].strip()
+                and set(args) == set(CANONICAL[tool]) and all(isinstance(a, str) and a.strip() for a in args.values())):
+            raise InputError(f"{where}: field 'specs.T.tools.{clip(tool, 40)}': needs a canonical tool, a non-empty "
+                             f"name and 'args' mapping exactly {CANONICAL.get(tool, 'its args')} to non-empty names")
     if "submit" not in tools:
         raise InputError(f"{where}: field 'specs.T.tools': needs a submit tool")
     return h
@@ -336,9 +433,7 @@ def validate_harness(h, where):
 
 def load_harness_file(path):
     """A JSON object, a JSON list of objects, or JSONL; every record validated."""
-    if not Path(path).is_file():
-        raise InputError(f"{path}: harness file not found")
-    text = Path(path).read_text(encoding="utf-8")
+    text = read_text(path, "harness")
     try:
         data = json.loads(text)
         rows = [(f"{path}[{i}]", h) for i, h in enumerate(data)] if isinstance(data, list) else [(str(path), data)]
@@ -627,6 +722,7 @@ class Episode:
     def step(self, reply):
         """Apply one model reply: workflow checks, parse, run the calls, append the observation."""
         self.turns += 1
+        reply = safe_text(reply)  # model text is data (see safe_text): stored, rendered and written safely
         self.messages.append({"role": "assistant", "content": reply})
         W, T, O = self.W, self.T, self.O
         parts, n_errors, calls, limit, ran = [], 0, 0, T.get("max_calls_per_turn", 1), []
@@ -641,7 +737,7 @@ class Episode:
             self.workflow_checks += 1
             if not has_line(reply, marker):
                 parts.append(self.violation(f"every reply needs a line starting with '{marker}'; nothing was run"))
-        for item in [] if parts else parse_reply(T, reply) or [("error", "no tool call found")]:
+        for item in [] if parts else safe(parse_reply(T, reply)) or [("error", "no tool call found")]:
             calls += item[0] == "call"
             if item[0] == "error" or calls > limit:
                 n_errors += 1
@@ -660,7 +756,7 @@ class Episode:
                         parts.append(self.violation(f"{name} refused: the reply that calls it needs a line "
                                                     f"starting with '{verify}'"))
                         continue
-                output = self.ws.call(tool, args)
+                output = safe_text(self.ws.call(tool, args))
             except Exception as e:  # a ToolError, or anything unexpected inside a tool: an observation, not a crash
                 self.tool_errors += 1
                 parts.append(format_error(O, name, str(e) if isinstance(e, ToolError) else
@@ -790,6 +886,9 @@ def train_jobs(args, tasks_by_id, tasks_path):
         if not isinstance(row, dict) or not isinstance(row.get("task_id"), str) or row["task_id"] not in tasks_by_id:
             tid = row.get("task_id") if isinstance(row, dict) else row
             raise InputError(f"{where}: field 'task_id': {clip(tid, 60)!r} is not a task of {tasks_path}")
+        if row["task_id"] in assignment:
+            raise InputError(f"{where}: field 'task_id': {clip(row['task_id'], 60)!r} is assigned twice (one line "
+                             "per task)")
         hids = row.get("harness_ids")
         if not isinstance(hids, list) or not hids:
             raise InputError(f"{where}: field 'harness_ids' must be a non-empty list")
@@ -858,6 +957,71 @@ def load_smolagents():
     except ImportError as e:
         raise InputError(f"--harnesses smolagents: {e} (pip install 'smolagents>=1.20,<1.27')")
     return smolagents_harness
+
+
+# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
+LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
+    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
+    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
+    the folders made for it if they stayed empty: bad input leaves nothing behind."""
+    path = Path(path).resolve()
+    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                pid = int(holder["pid"])
+            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
+                holder, pid = {}, None
+            if pid is not None and inherited.get(str(path)) == str(pid):
+                yield  # our parent holds it
+                return
+            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
+                    time.time() - path.stat().st_mtime < 5:
+                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
+                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
+                raise SystemExit(2)
+            path.unlink(missing_ok=True)  # stale: its process is gone
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
+    before = os.environ.get(LOCK_ENV)
+    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
+    term = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, term)
+        if before is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = before
+        path.unlink(missing_ok=True)
+        for p in made:  # deepest first
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
 
 
 # ----------------------------------------------------------------------------- main
@@ -952,8 +1116,14 @@ def run_stage(args):
 
 
 def main(argv=None):
+    args = parse_args(argv)
+    # one writer per output file: <out>.lock (train: DIR/iter_t/rollouts.jsonl.lock) while this call writes it
+    out = (Path(args.out) if args.out else None) if args.eval else \
+        Path(args.run) / f"iter_{args.iteration:03d}" / "rollouts.jsonl" if args.iteration is not None else None
+    lock = locked(out.with_name(out.name + ".lock")) if out else contextlib.nullcontext()  # None: a usage error
     try:
-        run_stage(parse_args(argv))
+        with lock:
+            run_stage(args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -29,13 +29,16 @@ DIR/iter_{t:03d}/rollouts.jsonl, policy DIR/init_policy (t = 0) or DIR/iter_{t-1
 DIR/iter_{t:03d}/policy.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
 import random
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,8 +122,13 @@ def read_jsonl(path):
     path = Path(path)
     if not path.is_file():
         fail(f"{path}: file not found")
-    rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    rows, data = [], path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        fail(f"{path} line {line}: invalid UTF-8 (byte {data[e.start]:#04x})")
+    for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 rows.append((i, json.loads(line)))
@@ -279,6 +287,24 @@ def init_tiny(args):
     return summary
 
 
+# ---------------------------------------------------------------------------------- input checking
+def finite(x):
+    return type(x) in (int, float) and math.isfinite(x)
+
+
+# A rollout record (04 writes it): field -> (check, what it must be), checked up front for every line. Which fields
+# are required depends on the flags (grpo: reward, group_id; ppo: reward; --min-reward: reward). Also refused:
+# a duplicated episode (same episode_id, or the same line twice), RL on greedy (temperature 0) rollouts.
+ROLLOUT_SCHEMA = {
+    "model_turns": (lambda v: isinstance(v, list), "a list of {prompt_ids, completion_ids, logprobs}"),
+    "reward": (finite, "a finite number"),
+    "group_id": (lambda v: isinstance(v, str), "a string"),
+    "temperature": (lambda v: v is None or finite(v) and v >= 0, "a finite number > 0 (the sampling temperature)"),
+    "episode_id": (lambda v: isinstance(v, str), "a string"),
+    "policy": (lambda v: v is None or isinstance(v, str), "a string"),
+}
+
+
 # ---------------------------------------------------------------------------------- rollouts -> data
 def load_episodes(path, algo, vocab, min_reward=None):
     """Validated episodes: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}].
@@ -286,30 +312,41 @@ def load_episodes(path, algo, vocab, min_reward=None):
     rows = read_jsonl(path)
     if not rows:
         fail(f"{path}: empty rollout file (no episodes)")
-    eps = []
+    eps, seen = [], {}
     for ln, r in rows:
         where = f"{path} line {ln}"
-        if not isinstance(r, dict) or not isinstance(r.get("model_turns"), list):
-            fail(f"{where}: field 'model_turns' missing or not a list")
-        need = {"grpo": ["reward", "group_id"], "ppo": ["reward"], "sft": []}[algo]
-        for k in need + (["reward"] if min_reward is not None else []):
-            if k not in r:
-                fail(f"{where}: field '{k}' missing (needed by --algo {algo}{' --min-reward' * (k == 'reward')})")
-        if "reward" in r and not isinstance(r["reward"], (int, float)):
-            fail(f"{where}: field 'reward' is not a number")
+        if not isinstance(r, dict):
+            fail(f"{where}: expected a JSON object")
+        need = {"grpo": ["reward", "group_id"], "ppo": ["reward"], "sft": []}[algo] + ["model_turns"]
+        for k, (ok, want) in ROLLOUT_SCHEMA.items():
+            if k not in r and (k in need or k == "reward" and min_reward is not None):
+                by = f"--algo {algo}" if k in need else "--min-reward"  # name only the flags given
+                fail(f"{where}: field '{k}' missing (needed by {by})" if k != "model_turns" else
+                     f"{where}: field 'model_turns' missing or not a list")
+            if k in r and not ok(r[k]):
+                fail(f"{where}: field '{k}' is {json.dumps(r[k])[:40]}, not {want}")
+        if algo != "sft" and r.get("temperature") == 0:
+            fail(f"{where}: field 'temperature' is 0 (greedy): RL needs the sampling temperature (> 0)")
+        key = r.get("episode_id", json.dumps(r, sort_keys=True))
+        if key in seen:
+            fail(f"{where}: episode {str(key)[:60]!r} repeats line {seen[key]} (a duplicate would count twice)")
+        seen[key] = ln
         turns = []
         for i, t in enumerate(r["model_turns"]):
+            if not isinstance(t, dict):
+                fail(f"{where}: model_turns[{i}] is not an object")
             for k in ("prompt_ids", "completion_ids"):
-                ids = t.get(k) if isinstance(t, dict) else None
-                if not isinstance(ids, list) or not all(isinstance(x, int) for x in ids):
+                ids = t.get(k)
+                if not isinstance(ids, list) or not all(type(x) is int for x in ids):
                     fail(f"{where}: model_turns[{i}].{k} missing or not a list of ints")
                 bad = [x for x in ids if x < 0 or x >= vocab]
                 if bad:
                     fail(f"{where}: model_turns[{i}].{k} has token id {bad[0]} outside the policy's "
                          f"vocabulary (size {vocab})")
             lp = t.get("logprobs")
-            if lp is not None and (not isinstance(lp, list) or len(lp) != len(t["completion_ids"])):
-                fail(f"{where}: model_turns[{i}].logprobs must be null or one number per completion token")
+            if lp is not None and (not isinstance(lp, list) or len(lp) != len(t["completion_ids"])
+                                   or not all(finite(x) for x in lp)):
+                fail(f"{where}: model_turns[{i}].logprobs must be null or one finite number per completion token")
             if not t["prompt_ids"]:
                 fail(f"{where}: model_turns[{i}].prompt_ids is empty")
             turns.append((t["prompt_ids"], t["completion_ids"], lp))
@@ -613,6 +650,81 @@ def score(model, vhead, seqs, pad_id, device, amp, bs, out_key, desc):
     model.train()
 
 
+def check_finite(model, vhead, log):
+    """Refuse to write a policy whose loss or weights went non-finite (exit 2, nothing written)."""
+    params = list(model.named_parameters()) + (list(vhead.named_parameters()) if vhead is not None else [])
+    bad = next((n for n, p in params if not torch.isfinite(p).all()), None)
+    loss = next((r["loss"] for r in log if not math.isfinite(r["loss"])), None)
+    if bad or loss is not None:
+        fail(f"the update made {f'weight {bad}' if bad else 'the loss'} non-finite (loss {loss}); nothing written "
+             "(check the rollouts, or lower --lr)")
+
+
+# ---------------------------------------------------------------------------------- one writer per output
+LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
+    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
+    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
+    the folders made for it if they stayed empty: bad input leaves nothing behind."""
+    path = Path(path).resolve()
+    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                pid = int(holder["pid"])
+            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
+                holder, pid = {}, None
+            if pid is not None and inherited.get(str(path)) == str(pid):
+                yield  # our parent holds it
+                return
+            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
+                    time.time() - path.stat().st_mtime < 5:
+                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
+                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
+                raise SystemExit(2)
+            path.unlink(missing_ok=True)  # stale: its process is gone
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
+    before = os.environ.get(LOCK_ENV)
+    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
+    term = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, term)
+        if before is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = before
+        path.unlink(missing_ok=True)
+        for p in made:  # deepest first
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
 # -------------------------------------------------------------------------------------------- main
 def resolve_paths(args):
     run, t = Path(args.run), args.iteration
@@ -647,16 +759,28 @@ def load_optimizer(opt, path, algo, shapes):
 
 def main(argv=None):
     args = parse_args(argv)
+    out = args.out or (Path(args.run) / f"iter_{args.iteration:03d}" / "policy" if args.iteration is not None else None)
+    rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes, so only it holds the lock
+    with locked(Path(str(out) + ".lock")) if out and rank0 else contextlib.nullcontext():  # <out>.lock
+        return run_stage(args)
+
+
+def run_stage(args):
     if args.init_tiny:
         return init_tiny(args)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     for k in ("ppo_epochs", "epochs", "micro_batch_size", "minibatches", "minibatch_size"):
         if getattr(args, k) is not None and getattr(args, k) < 1:
             fail(f"--{k.replace('_', '-')} must be >= 1")
-    if min(x for x in (args.lr, args.vf_lr, args.tis_cap) if x is not None) <= 0 or not 0 < args.clip_eps < 1:
-        fail("--lr, --vf-lr and --tis-cap must be > 0 and --clip-eps in (0, 1)")
-    if (args.algo == "sft" and (args.tis_cap or args.no_tis)) or (args.algo != "sft" and args.min_reward is not None):
-        fail("--min-reward is for --algo sft only (it would bias an RL update), --tis-cap for grpo/ppo only")
+    for flag, x in (("--lr", args.lr), ("--vf-lr", args.vf_lr), ("--tis-cap", args.tis_cap)):  # name only the flag
+        if x is not None and not (math.isfinite(x) and x > 0):  # that is wrong
+            fail(f"{flag} {x}: must be a finite number > 0")
+    if not 0 < args.clip_eps < 1:
+        fail(f"--clip-eps {args.clip_eps}: must be in (0, 1)")
+    if args.algo == "sft" and (args.tis_cap or args.no_tis):
+        fail(f"{'--tis-cap' if args.tis_cap else '--no-tis'} is for --algo grpo/ppo only")
+    if args.algo != "sft" and args.min_reward is not None:
+        fail("--min-reward is for --algo sft only (it would bias an RL update)")
     init_distributed()  # [distributed] under torchrun: join the process group (no-op for `python 05_train.py`)
     if RANK > 0:  # [distributed] one voice: only rank 0 prints to stdout (errors and tqdm go to stderr)
         sys.stdout = open(os.devnull, "w")
@@ -795,6 +919,7 @@ def main(argv=None):
     if not info["optimizer_steps"] and RANK == 0:
         print(f"[05] no optimizer step: no minibatch had a sequence with signal (every GRPO group reward-equal); "
               f"the policy is written unchanged")
+    check_finite(model, vhead, log)  # input checking's last guard: a non-finite policy is never written
     if WORLD > 1:  # [distributed] every rank holds the same weights and AdamW state: rank 0 alone writes them
         import torch.distributed as dist
         dist.barrier()

