@@ -9,6 +9,9 @@ m = 4 or 6: a task's value is a mean over harnesses, as In-Space). The true pass
 replicates whose 95% interval contains p (nominal 0.95); a good method is at or above it, and not far above.
 """
 import argparse
+import os
+import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,8 +61,11 @@ def main():
                 lines.append(f"| {n} | {m} | {icc} | {p:.2f} | {cov(new):.3f} | {width(new):.3f} | "
                              f"{cov(old):.3f} | {width(old):.3f} |")
                 print(lines[-1], flush=True)
-    head = (f"Coverage of 95% pass@1 intervals, {args.reps} replicates per row (seed {args.seed}), "
-            f"`python bench/ci_coverage.py --reps {args.reps}`, {time.time() - t0:.0f} s.\n\n")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = (f"Coverage of 95% pass@1 intervals, {args.reps} replicates per row (seed {args.seed}).\n"
+            f"Command: `python bench/ci_coverage.py --reps {args.reps} --out {args.out}`; commit {commit}; machine "
+            f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; wall "
+            f"{time.time() - t0:.0f} s.\n\n")
     if args.out:
         Path(args.out).write_text(head + "\n".join(lines) + "\n")
         print(f"wrote {args.out}")

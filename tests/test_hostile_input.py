@@ -95,7 +95,7 @@ class ScriptedBackend:
     def __init__(self, policy, tok, args):
         self.tok, self.gen_seconds = tok, 0.0
 
-    def generate(self, prompts, turn):
+    def generate(self, prompts, turn, keys=None):
         ids = self.tok.encode(self.replies[min(turn, len(self.replies) - 1)], add_special_tokens=False)
         return [(ids + self.tok.stop_ids[:1], None) for _ in prompts]
 
