@@ -39,6 +39,7 @@ import shutil
 import signal
 import sys
 import threading
+import types
 import time
 from pathlib import Path
 
@@ -90,6 +91,9 @@ def parse_args(argv=None):
     g.add_argument("--no-optimizer-state", action="store_true", help="neither load nor save optimizer.pt")
     g.add_argument("--no-skip-zero-adv", action="store_true", help="GRPO: also run the sequences whose advantage is "
                    "0 (equal-reward groups), which add exactly 0 to the gradient without KL or entropy terms")
+    g.add_argument("--fsdp", action="store_true", help="under torchrun: shard the weights, gradients and AdamW state "
+                   "over the ranks (FSDP2 fully_shard, per decoder layer + root) for a model whose full copy does not "
+                   "fit one GPU; the same update (docs/distributed.md)")
     # [distributed] tests only: the biased port (loss / the rank's own N_B, gradients averaged over ranks)
     g.add_argument("--naive-local-nb", action="store_true", help=argparse.SUPPRESS)
     g = p.add_argument_group("tiny model (--init-tiny)")
@@ -159,18 +163,22 @@ def check_policy_dir(path, what="policy"):
 # gradients are SUMMED over ranks (not averaged), and the clipping norm is taken after that sum (the global norm).
 # Run as `python 05_train.py`, WORLD = 1 and none of this runs a collective.
 RANK, WORLD = 0, 1
+FSDP = False  # --fsdp under torchrun: the policy is sharded by FSDP2 (shard_model)
 
 
-def init_distributed():
+def init_distributed(fsdp=False):
     """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR; gloo on CPU, NCCL on GPUs."""
-    global RANK, WORLD
+    global RANK, WORLD, FSDP
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        if fsdp:  # one process holds the whole model anyway: sharding it over one rank would only add collectives
+            fail("--fsdp shards the model over torchrun's processes: run 05 under torchrun --nproc_per_node N "
+                 "(N >= 2), or drop --fsdp")
         return
     import torch.distributed as dist
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" below = this rank's GPU
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    RANK, WORLD = dist.get_rank(), dist.get_world_size()
+    RANK, WORLD, FSDP = dist.get_rank(), dist.get_world_size(), fsdp
 
 
 def all_sum(x):
@@ -211,6 +219,60 @@ def all_reduce_grads(params, naive=False):
         dist.all_reduce(p.grad)  # SUM over ranks
         if naive:
             p.grad /= WORLD
+
+
+# [distributed] --fsdp: FSDP2 keeps 1/W of every weight, gradient and AdamW moment on each rank and gathers a unit's
+# full weights around its forward and backward (a model whose full copy does not fit one GPU). The N_B arithmetic
+# above does not change; four things do:
+# - every forward and backward is a collective, so every rank runs the same number of them: a rank with fewer
+#   micro-batches (or none) runs zero-weight ones (accumulate, score);
+# - FSDP2 reduces each gradient to its MEAN over ranks; 05 needs the SUM (sum_gradients);
+# - 05 runs model.base_model and the LM head directly, not model.forward: both run inside trunk_and_head, registered
+#   as a forward method of the root unit, which owns the embeddings, the final norm and the tied LM head;
+# - the checkpoint and optimizer.pt are gathered to rank 0 and written in the one-process format (gathered).
+def shard_model(model):
+    """FSDP2 in place: one unit per decoder layer (the classes transformers never splits, `_no_split_modules`), then
+    the root unit with what is left (embeddings, final norm, the LM head tied to the embeddings)."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    for m in model.modules():
+        if type(m).__name__ in (model._no_split_modules or []):
+            fully_shard(m)
+    fully_shard(model)
+    model.trunk_and_head = types.MethodType(trunk_and_head, model)
+    register_fsdp_forward_method(model, "trunk_and_head")  # the root's weights are gathered around it, as around forward
+    return sum_gradients(model)
+
+
+def sum_gradients(module):
+    """FSDP2 reduce-scatters a gradient as 1/W sum_r g_r. Each rank's loss is already over the GLOBAL N_B, so the
+    one-process gradient is the plain sum (all_reduce_grads): divide factor 1, done as a SUM reduction (gloo has no
+    PREMUL_SUM). The alternative, the loss times W and FSDP2's mean, gives the same W * 1/W."""
+    from torch.distributed.fsdp import FSDPModule
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    return module
+
+
+@torch.no_grad()
+def gathered(tensors):
+    """{name: full CPU copy on rank 0, None elsewhere} of a dict of DTensor shards (a collective: every rank calls it
+    in the same order). A tensor under two names (the tied LM head) stays one tensor, as save_pretrained expects."""
+    from torch.distributed.tensor import DTensor
+    out, full = {}, {}
+    for k, v in tensors.items():
+        if id(v) not in full:
+            t = v.full_tensor() if isinstance(v, DTensor) else v
+            full[id(v)] = t.detach().cpu() if RANK == 0 else None
+        out[k] = full[id(v)]
+    return out
+
+
+def gathered_optimizer_state(opt):
+    """AdamW's state_dict() with full moments (integer parameter ids, like the one-process optimizer.pt)."""
+    sd = opt.state_dict()
+    return dict(sd, state={i: gathered(st) for i, st in sorted(sd["state"].items())})
 
 
 # ------------------------------------------------------------------------------------- tiny model
@@ -499,15 +561,22 @@ def check_head(model, ids, where):
              f"log-prob difference {err:.2g}; known: Gemma-2 soft-capping, Cohere logit_scale, Granite logits_scaling)")
 
 
-def forward(model, vhead, batch, amp, ent_grad=False):
-    """Log-probs (at temperature), entropies and values of the generated tokens only. The LM head
-    runs on the selected hidden states, not on every position (prompts are most of the tokens).
+def trunk_and_head(model, batch, amp):
+    """Hidden states [N, H] and fp32 logits [N, V] of the positions that predict generated tokens. The LM head runs
+    on those only, not on every position (prompts are most of the tokens).
     amp: bf16 autocast of the trunk on the batch's device (the LM head stays fp32)."""
     with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
         # right padding + causal attention: real tokens never attend to the pads, so no attention mask
         h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
     h = h[batch["sel"]]  # [N, H]
-    logits = lm_head(model, h) / batch["temp"][:, None]  # [N, V] fp32, pi(.|s) at the sampling temperature
+    return h, lm_head(model, h)
+
+
+def forward(model, vhead, batch, amp, ent_grad=False):
+    """Log-probs (at temperature), entropies and values of the generated tokens only."""
+    # [distributed] --fsdp: the same function, through the root unit's hooks (shard_model)
+    h, logits = model.trunk_and_head(batch, amp) if FSDP else trunk_and_head(model, batch, amp)
+    logits = logits / batch["temp"][:, None]  # [N, V] fp32, pi(.|s) at the sampling temperature
     logp_all = torch.log_softmax(logits, dim=-1)  # [N, V]
     logp = logp_all.gather(1, batch["tgt"][:, None]).squeeze(1)  # [N]
     with torch.set_grad_enabled(ent_grad and torch.is_grad_enabled()):  # no [N, V] kept for backward
@@ -561,6 +630,7 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
     """Forward/backward one minibatch in micro-batches; gradients add up to d(loss)/d(theta) of the
     whole minibatch because every micro-batch divides by the minibatch's N_B, not its own."""
     # [distributed] this rank's share of the minibatch, balanced by the tokens that will run (skipped ones cost 0)
+    minibatch = seqs
     if WORLD > 1:
         seqs = shard_by_tokens(seqs, cost=lambda s: len(s["ids"]) if not skips_zero_adv(args) or s["adv"].any() else 0)
     n_b = sum(s["n"] for s in seqs)  # N_B: generated tokens of the whole minibatch
@@ -576,13 +646,22 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
     if skips_zero_adv(args):  # run only those (N_B keeps the others)
         seqs = signal
     seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # less padding; the sum does not depend on order
+    micro = [seqs[i:i + args.micro_batch_size] for i in range(0, len(seqs), args.micro_batch_size)]
+    if FSDP:  # [distributed] every rank runs as many forward/backward calls as the busiest one (FSDP2's collectives)
+        micro += [None] * (int(max(all_sum([len(micro) * (r == RANK) for r in range(WORLD)]))) - len(micro))
+        filler = min((s for s in minibatch if s["adv"].any() or not skips_zero_adv(args)), key=lambda s: len(s["ids"]),
+                     default=None)  # any sequence that has the scores collate needs (its gradient is multiplied by 0)
     n_act = max(1, sum(s["n"] for s in seqs))  # the tokens run: clip_frac, approx_kl, entropy average over them
     if WORLD > 1:  # [distributed] the global counts of tokens run and of sequences with signal: the decision to
         # skip the optimizer step is about the whole minibatch, never one rank's share (else the ranks drift apart)
         n_act, signal_count = all_sum([sum(s["n"] for s in seqs), m["signal_sequences"]])
         n_act, m["signal_sequences"] = max(1, n_act), int(signal_count)
-    for i in range(0, len(seqs), args.micro_batch_size):
-        b = collate(seqs[i:i + args.micro_batch_size], pad_id, device)
+    for chunk in micro:
+        if chunk is None:  # [distributed] --fsdp: a zero-weight micro-batch (gathers, then reduces zero gradients)
+            logp, _, v = forward(model, vhead, collate([filler], pad_id, device), amp)
+            (0.0 * (logp.sum() + (v.sum() if v is not None else 0.0))).backward()
+            continue
+        b = collate(chunk, pad_id, device)
         logp, ent, v = forward(model, vhead, b, amp, ent_grad=args.ent_coef > 0)
         if args.algo == "sft":
             # SFT: -1/N_B sum_t M_t log pi_theta(y_t | s_t)
@@ -630,8 +709,13 @@ def score(model, vhead, seqs, pad_id, device, amp, bs, out_key, desc):
     """Per-sequence log-probs (and values) of the generated tokens with the current weights."""
     model.eval()
     all_seqs, seqs = seqs, shard_by_tokens(seqs) if WORLD > 1 else seqs  # [distributed] each rank scores its share
-    for i in tqdm(range(0, len(seqs), bs), desc=desc, leave=False, disable=len(seqs) <= 4 * bs or RANK > 0):
-        chunk = seqs[i:i + bs]
+    chunks = [seqs[i:i + bs] for i in range(0, len(seqs), bs)]
+    if FSDP:  # [distributed] the same number of forwards on every rank (FSDP2's gathers); the extra ones are dropped
+        chunks += [None] * (int(max(all_sum([len(chunks) * (r == RANK) for r in range(WORLD)]))) - len(chunks))
+    for chunk in tqdm(chunks, desc=desc, leave=False, disable=len(seqs) <= 4 * bs or RANK > 0):
+        if chunk is None:
+            forward(model, vhead, collate(all_seqs[:1], pad_id, device), amp)
+            continue
         logp, _, v = forward(model, vhead, collate(chunk, pad_id, device), amp)
         for s, lp, vv in zip(chunk, logp.split([s["n"] for s in chunk]),
                              (v.split([s["n"] for s in chunk]) if v is not None else [None] * len(chunk))):
@@ -647,13 +731,22 @@ def score(model, vhead, seqs, pad_id, device, amp, bs, out_key, desc):
                 s[out_key] = lp
                 if vv is not None:
                     s["old_v"] = vv
+    if FSDP:  # [distributed] a root unit keeps its weights gathered after forward, until the backward that follows;
+        # none follows here: shard them again (the optimizer must see, and update, the sharded parameters)
+        for m in (model, vhead) if vhead is not None else (model,):
+            m.reshard()
     model.train()
 
 
 def check_finite(model, vhead, log):
     """Refuse to write a policy whose loss or weights went non-finite (exit 2, nothing written)."""
     params = list(model.named_parameters()) + (list(vhead.named_parameters()) if vhead is not None else [])
-    bad = next((n for n, p in params if not torch.isfinite(p).all()), None)
+    bad = next((n for n, p in params if not torch.isfinite(p.to_local() if FSDP else p).all()), None)
+    if FSDP:  # [distributed] each rank checked its own shards: all of them stop, or none
+        import torch.distributed as dist
+        names = [None] * WORLD
+        dist.all_gather_object(names, bad)
+        bad = next((n for n in names if n), None)
     loss = next((r["loss"] for r in log if not math.isfinite(r["loss"])), None)
     if bad or loss is not None:
         fail(f"the update made {f'weight {bad}' if bad else 'the loss'} non-finite (loss {loss}); nothing written "
@@ -750,6 +843,14 @@ def load_optimizer(opt, path, algo, shapes):
     if saved.get("algo") != algo or saved.get("shapes") != shapes:  # e.g. SFT -> RL, GRPO -> PPO (value head)
         return f"fresh AdamW state ({path} was saved by --algo {saved.get('algo')}, other parameter groups)"
     hyper = [(g["lr"], g["weight_decay"]) for g in opt.param_groups]
+    if FSDP:  # [distributed] the file holds full moments (whoever wrote it): each rank keeps its shard of each
+        from torch.distributed.tensor import distribute_tensor
+        params = [p for g in opt.param_groups for p in g["params"]]
+        for i, st in saved["state"]["state"].items():
+            for k, v in st.items():
+                if k != "step":  # every rank read the same file: each cuts its own shard, no communication
+                    p = params[i]
+                    st[k] = distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
     opt.load_state_dict(saved["state"])  # moved to each parameter's device; this run's lr replaces the saved one
     for g, (lr, wd) in zip(opt.param_groups, hyper):
         g["lr"], g["weight_decay"] = lr, wd
@@ -781,7 +882,7 @@ def run_stage(args):
         fail(f"{'--tis-cap' if args.tis_cap else '--no-tis'} is for --algo grpo/ppo only")
     if args.algo != "sft" and args.min_reward is not None:
         fail("--min-reward is for --algo sft only (it would bias an RL update)")
-    init_distributed()  # [distributed] under torchrun: join the process group (no-op for `python 05_train.py`)
+    init_distributed(args.fsdp)  # [distributed] under torchrun: join the process group (no-op for `python 05_train.py`)
     if RANK > 0:  # [distributed] one voice: only rank 0 prints to stdout (errors and tqdm go to stderr)
         sys.stdout = open(os.devnull, "w")
     policy, rollouts, out, ref, ref_why = resolve_paths(args)
@@ -809,7 +910,8 @@ def run_stage(args):
     amp = device == "cuda" and torch.cuda.is_bf16_supported()
 
     tok = AutoTokenizer.from_pretrained(policy)
-    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).to(device)
+    # [distributed] --fsdp: the full model stays on the CPU; shard_model below moves each rank's shards to its GPU
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).to("cpu" if FSDP else device)
     train_mode(model, grad_ckpt=device == "cuda")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     vhead = None
@@ -822,6 +924,10 @@ def run_stage(args):
 
     seqs = build_sequences(episodes, merge=not args.no_merge_turns)
     check_head(model, seqs[0]["ids"], policy)
+    if FSDP:  # [distributed] shard the policy (per decoder layer + root) and the value head over the ranks
+        from torch.distributed.fsdp import fully_shard
+        shard_model(model)
+        vhead = sum_gradients(fully_shard(vhead)) if vhead is not None else None  # its own root unit
     rewards = [e["reward"] for e in episodes]
     info = dict(episodes=len(episodes), sequences=len(seqs), turns=sum(len(e["turns"]) for e in episodes),
                 gen_tokens=sum(s["n"] for s in seqs), reward_mean=float(np.mean(rewards)))
@@ -853,7 +959,8 @@ def run_stage(args):
                 w = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=info["tis_cap"])  # [n]
                 s["tis_w"] = torch.where(torch.isnan(w), torch.ones_like(w), w)
         if use_kl and ref.resolve() != policy.resolve():
-            ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32).to(device)
+            ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
+            ref_model = shard_model(ref_model) if FSDP else ref_model.to(device)  # [distributed] --fsdp: sharded too
             score(ref_model, None, active, pad_id, device, amp, args.micro_batch_size, "ref_logp", "ref log-probs")
             del ref_model
         elif use_kl:
@@ -896,7 +1003,9 @@ def run_stage(args):
             m["optimizer_step"] = m["signal_sequences"] > 0
             norms = [0.0] * len(groups)
             if m["optimizer_step"]:
-                if WORLD > 1:  # [distributed] sum the ranks' gradients: clip_grad_norm_ below then sees the global norm
+                # [distributed] sum the ranks' gradients (FSDP2 has already: sum_gradients): clip_grad_norm_ below
+                # then sees the global norm (FSDP2's sharded DTensor gradients: the norm of the full gradient)
+                if WORLD > 1 and not FSDP:
                     all_reduce_grads([p for g in groups for p in g["params"]], naive=args.naive_local_nb)
                 norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], args.max_grad_norm)) for g in groups]
                 opt.step()
@@ -920,7 +1029,12 @@ def run_stage(args):
         print(f"[05] no optimizer step: no minibatch had a sequence with signal (every GRPO group reward-equal); "
               f"the policy is written unchanged")
     check_finite(model, vhead, log)  # input checking's last guard: a non-finite policy is never written
-    if WORLD > 1:  # [distributed] every rank holds the same weights and AdamW state: rank 0 alone writes them
+    if FSDP:  # [distributed] the full weights and AdamW state, gathered to rank 0's CPU (every rank takes part)
+        full = dict(model=gathered(model.state_dict(keep_vars=True)),
+                    vhead=gathered(vhead.state_dict(keep_vars=True)) if vhead is not None else None,
+                    opt=None if args.no_optimizer_state else gathered_optimizer_state(opt))
+    if WORLD > 1:  # [distributed] every rank holds the same weights and AdamW state (or, --fsdp, rank 0 holds the
+        # gathered ones): rank 0 alone writes them
         import torch.distributed as dist
         dist.barrier()
         if RANK > 0:
@@ -932,12 +1046,14 @@ def run_stage(args):
     shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.config.use_cache = True
-    model.save_pretrained(tmp)  # a plain causal LM (fp32 master weights) + generation_config
+    # a plain causal LM (fp32 master weights) + generation_config; [distributed] --fsdp: the gathered weights
+    model.save_pretrained(tmp, state_dict=full["model"] if FSDP else None)
     tok.save_pretrained(tmp)
     if vhead is not None:
-        torch.save(vhead.state_dict(), tmp / "value_head.pt")
+        torch.save(full["vhead"] if FSDP else vhead.state_dict(), tmp / "value_head.pt")
     if not args.no_optimizer_state:  # AdamW moments: 2x the fp32 weights on disk
-        torch.save(dict(algo=args.algo, shapes=shapes, state=opt.state_dict()), tmp / "optimizer.pt")
+        torch.save(dict(algo=args.algo, shapes=shapes, state=full["opt"] if FSDP else opt.state_dict()),
+                   tmp / "optimizer.pt")
     write_atomic(out.parent / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in log))
     summary = dict(info, steps=len(log), prep_s=prep_s, update_s=update_s, device=device,
                    first_loss=log[0]["loss"], last_loss=log[-1]["loss"], warnings=warnings)

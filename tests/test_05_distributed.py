@@ -42,7 +42,7 @@ def flat(policy):
 
 @pytest.fixture(scope="module")
 def update(tiny05, tmp_path_factory):
-    """update(algo, mode) -> output folder; mode one | two | naive. Cached: each runs once per module."""
+    """update(algo, mode) -> output folder; mode one | two | naive | fsdp. Cached: each runs once per module."""
     d = tmp_path_factory.mktemp("dist05")
     roll = rollouts(d / "rollouts.jsonl", vocab=290)
     done = {}
@@ -58,7 +58,7 @@ def update(tiny05, tmp_path_factory):
         else:
             env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--",
-                   str(ROOT / "05_train.py"), *argv] + (["--naive-local-nb"] if mode == "naive" else [])
+                   str(ROOT / "05_train.py"), *argv] + {"two": [], "naive": ["--naive-local-nb"], "fsdp": ["--fsdp"]}[mode]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         done[algo, mode] = out
@@ -111,3 +111,24 @@ def test_shard_by_tokens_is_a_balanced_deterministic_partition():
         assert max(load) - min(load) <= 50  # greedy longest-first: within one sequence's length
         for p in parts:  # each share keeps the minibatch's order
             assert [s["k"] for s in p] == sorted(s["k"] for s in p)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_fsdp_makes_the_one_process_update(update, algo):
+    """--fsdp (FSDP2: weights, gradients and AdamW moments sharded over the 2 ranks; zero-weight micro-batches on the
+    rank with fewer; gradients summed, not averaged): the same update, and a checkpoint in the one-process format."""
+    one, fsdp = update(algo, "one"), update(algo, "fsdp")
+    gap = float((flat(fsdp) - flat(one)).norm() / (flat(one) - update.theta0[algo]).norm())
+    print(f"\n[{algo}] --fsdp: ||theta_fsdp - theta_1proc|| / ||theta_1proc - theta_0|| = {gap:.2e}")
+    assert gap <= TOL
+    log1 = [json.loads(x) for x in (one.parent / "train_log.jsonl").read_text().splitlines()]
+    logf = [json.loads(x) for x in (fsdp.parent / "train_log.jsonl").read_text().splitlines()]
+    assert len(log1) == len(logf) == 4
+    for a, b in zip(log1, logf):
+        assert len(set(b["rank_tokens"])) == 2 and sum(b["rank_tokens"]) == a["tokens"]
+        for k in ("loss", "pg_loss", "entropy", "grad_norm"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+    # the same files, the same tensor names and shapes (the tied LM head written once, as save_pretrained does)
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in fsdp.iterdir())
+    sd1, sdf = load_file(one / "model.safetensors"), load_file(fsdp / "model.safetensors")
+    assert {k: v.shape for k, v in sd1.items()} == {k: v.shape for k, v in sdf.items()}
