@@ -698,7 +698,7 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
     if WORLD > 1:  # [distributed] every term above is over the global N_B / n_act: the ranks' sum is the minibatch's
         if args.tis_cap:
             m.setdefault("tis_weight", 0.0)  # the same keys on every rank, even one that ran nothing
-        names = [k for k in m if k != "tokens"]
+        names = [k for k in m if k not in ("tokens", "signal_sequences")]  # those two are already global
         m.update(zip(names, all_sum([m[k] for k in names])), tokens=int(n_b), rank_tokens=list(map(int, rank_tokens)))
         m["seq_tokens"] = int(m["seq_tokens"])
     return m

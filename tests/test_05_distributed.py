@@ -40,6 +40,18 @@ def flat(policy):
     return torch.cat(parts)
 
 
+def launch(argv, mode):
+    """05 with argv: mode one (plain `python 05_train.py` code path, in this process), or two gloo ranks under
+    torchrun: two (the default port), naive (--naive-local-nb), fsdp (--fsdp)."""
+    if mode == "one":
+        return T05.main(argv)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--",
+           str(ROOT / "05_train.py"), *argv] + {"two": [], "naive": ["--naive-local-nb"], "fsdp": ["--fsdp"]}[mode]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def update(tiny05, tmp_path_factory):
     """update(algo, mode) -> output folder; mode one | two | naive | fsdp. Cached: each runs once per module."""
@@ -53,19 +65,13 @@ def update(tiny05, tmp_path_factory):
         out = d / f"{algo}-{mode}" / "policy"
         argv = ["--policy", str(tiny05), "--rollouts", str(roll), "--out", str(out), "--algo", algo, "--lr", "1e-3",
                 "--ppo-epochs", "2", "--minibatches", "2", "--micro-batch-size", "2", "--no-optimizer-state"]
-        if mode == "one":  # the reference: plain `python 05_train.py` code path, in this process
-            T05.main(argv)
-        else:
-            env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--",
-                   str(ROOT / "05_train.py"), *argv] + {"two": [], "naive": ["--naive-local-nb"], "fsdp": ["--fsdp"]}[mode]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        launch(argv, mode)
         done[algo, mode] = out
         return out
 
     hidden = json.loads((tiny05 / "config.json").read_text())["hidden_size"]
     # theta_0: the loaded policy, and for PPO the value head 05 initialises to zeros
+    run.rollouts = roll
     run.theta0 = {"grpo": flat(tiny05), "ppo": torch.cat([flat(tiny05), torch.zeros(hidden + 1)])}
     return run
 
@@ -84,6 +90,7 @@ def test_two_ranks_make_the_one_process_update(update, algo):
     for a, b in zip(log1, log2):
         # the ranks held different token counts in every step, and the logged counts are the global ones
         assert len(set(b["rank_tokens"])) == 2 and sum(b["rank_tokens"]) == b["tokens"] == a["tokens"]
+        assert b["signal_sequences"] == a["signal_sequences"]  # counted once, not once per rank
         for k in ("loss", "pg_loss", "entropy", "grad_norm"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
     # only rank 0 wrote: one checkpoint, one log, one config
@@ -126,9 +133,56 @@ def test_fsdp_makes_the_one_process_update(update, algo):
     assert len(log1) == len(logf) == 4
     for a, b in zip(log1, logf):
         assert len(set(b["rank_tokens"])) == 2 and sum(b["rank_tokens"]) == a["tokens"]
+        assert b["signal_sequences"] == a["signal_sequences"]
         for k in ("loss", "pg_loss", "entropy", "grad_norm"):
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
     # the same files, the same tensor names and shapes (the tied LM head written once, as save_pretrained does)
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in fsdp.iterdir())
     sd1, sdf = load_file(one / "model.safetensors"), load_file(fsdp / "model.safetensors")
     assert {k: v.shape for k, v in sd1.items()} == {k: v.shape for k, v in sdf.items()}
+
+
+def test_fsdp_checkpoint_and_adamw_state_carry_over(update, tiny05, tmp_path):
+    """--fsdp gathers the weights and AdamW's moments to rank 0 and writes them in the one-process format: the
+    checkpoint loads with from_pretrained, optimizer.pt holds the one-process run's moments, and the next update
+    loads it with or without --fsdp and lands where the one-process chain lands."""
+    from transformers import AutoModelForCausalLM
+
+    def it(mode, policy, name):  # one GRPO update that loads and saves optimizer.pt
+        out = tmp_path / name / "policy"
+        launch(["--policy", str(policy), "--rollouts", str(update.rollouts), "--out", str(out), "--algo", "grpo",
+                "--lr", "1e-3", "--ppo-epochs", "1", "--minibatches", "2", "--micro-batch-size", "2"], mode)
+        return out
+
+    one1, fsdp1 = it("one", tiny05, "one-1"), it("fsdp", tiny05, "fsdp-1")
+    assert AutoModelForCausalLM.from_pretrained(fsdp1).config.tie_word_embeddings
+    o1, f1 = torch.load(one1 / "optimizer.pt"), torch.load(fsdp1 / "optimizer.pt")
+    assert f1["algo"] == o1["algo"] and f1["shapes"] == o1["shapes"]
+    assert f1["state"]["param_groups"] == o1["state"]["param_groups"]
+    assert f1["state"]["state"].keys() == o1["state"]["state"].keys()
+    for k in ("exp_avg", "exp_avg_sq"):
+        a = torch.cat([st[k].flatten() for _, st in sorted(o1["state"]["state"].items())])
+        b = torch.cat([st[k].flatten() for _, st in sorted(f1["state"]["state"].items())])
+        rel = float((b - a).norm() / a.norm())
+        print(f"\n--fsdp optimizer.pt: ||{k} - one-process|| / ||one-process|| = {rel:.2e}")
+        assert rel <= 1e-3
+    assert all(float(f1["state"]["state"][i]["step"]) == float(st["step"]) for i, st in o1["state"]["state"].items())
+    # iteration 2 from each checkpoint, loading its optimizer.pt: one process, and --fsdp (each rank cuts its shard)
+    one2, fsdp_one2, fsdp_fsdp2 = it("one", one1, "one-2"), it("one", fsdp1, "fsdp-one-2"), it("fsdp", fsdp1, "fsdp-2")
+    step = (flat(one2) - flat(one1)).norm()
+    for out in (fsdp_one2, fsdp_fsdp2):
+        cfg = json.loads((out.parent / "05_train_config.json").read_text())
+        assert cfg["optimizer_state"].startswith("AdamW state loaded"), cfg["optimizer_state"]
+        gap = float((flat(out) - flat(one2)).norm() / step)
+        print(f"[{out.parent.name}] ||theta_2 - theta_2 one-process chain|| / ||its second step|| = {gap:.2e}")
+        assert gap <= TOL
+
+
+def test_fsdp_needs_torchrun(tiny05, tmp_path, capsys):
+    roll = rollouts(tmp_path / "r.jsonl", vocab=290)
+    with pytest.raises(SystemExit) as e:
+        T05.main(["--policy", str(tiny05), "--rollouts", str(roll), "--out", str(tmp_path / "p"), "--fsdp"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--fsdp" in err[0] and "torchrun" in err[0]
+    assert not (tmp_path / "p").exists()
