@@ -649,7 +649,7 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
     micro = [seqs[i:i + args.micro_batch_size] for i in range(0, len(seqs), args.micro_batch_size)]
     if FSDP:  # [distributed] every rank runs as many forward/backward calls as the busiest one (FSDP2's collectives)
         micro += [None] * (int(max(all_sum([len(micro) * (r == RANK) for r in range(WORLD)]))) - len(micro))
-        filler = min((s for s in minibatch if s["adv"].any() or not skips_zero_adv(args)), key=lambda s: len(s["ids"]),
+        filler = min((s for s in minibatch if not skips_zero_adv(args) or s["adv"].any()), key=lambda s: len(s["ids"]),
                      default=None)  # any sequence that has the scores collate needs (its gradient is multiplied by 0)
     n_act = max(1, sum(s["n"] for s in seqs))  # the tokens run: clip_frac, approx_kl, entropy average over them
     if WORLD > 1:  # [distributed] the global counts of tokens run and of sequences with signal: the decision to

@@ -64,7 +64,8 @@ def update(tiny05, tmp_path_factory):
             return done[algo, mode]
         out = d / f"{algo}-{mode}" / "policy"
         argv = ["--policy", str(tiny05), "--rollouts", str(roll), "--out", str(out), "--algo", algo, "--lr", "1e-3",
-                "--ppo-epochs", "2", "--minibatches", "2", "--micro-batch-size", "2", "--no-optimizer-state"]
+                "--ppo-epochs", "2", "--epochs", "2", "--minibatches", "2", "--micro-batch-size", "2",
+                "--no-optimizer-state"]
         launch(argv, mode)
         done[algo, mode] = out
         return out
@@ -72,7 +73,7 @@ def update(tiny05, tmp_path_factory):
     hidden = json.loads((tiny05 / "config.json").read_text())["hidden_size"]
     # theta_0: the loaded policy, and for PPO the value head 05 initialises to zeros
     run.rollouts = roll
-    run.theta0 = {"grpo": flat(tiny05), "ppo": torch.cat([flat(tiny05), torch.zeros(hidden + 1)])}
+    run.theta0 = {"grpo": flat(tiny05), "sft": flat(tiny05), "ppo": torch.cat([flat(tiny05), torch.zeros(hidden + 1)])}
     return run
 
 
@@ -120,7 +121,7 @@ def test_shard_by_tokens_is_a_balanced_deterministic_partition():
             assert [s["k"] for s in p] == sorted(s["k"] for s in p)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+@pytest.mark.parametrize("algo", ["grpo", "ppo", "sft"])
 def test_fsdp_makes_the_one_process_update(update, algo):
     """--fsdp (FSDP2: weights, gradients and AdamW moments sharded over the 2 ranks; zero-weight micro-batches on the
     rank with fewer; gradients summed, not averaged): the same update, and a checkpoint in the one-process format."""
