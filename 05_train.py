@@ -20,6 +20,8 @@ turns whose prompt extends the previous prompt + completion are merged (same los
     python 05_train.py --run runs/toy --iteration 1 --algo ppo --ppo-epochs 2 --minibatches 4 --kl-coef 0.05
     # N GPUs (or N CPU processes on gloo): the same update, each minibatch split over the ranks (docs/distributed.md)
     torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/gpu --iteration 0 --algo grpo
+    # ... with the model sharded over the ranks (FSDP2) when its weights + AdamW state do not fit one GPU
+    torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/big --iteration 0 --algo grpo --fsdp
 
 Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW
 moments, 2x the fp32 weights, loaded by the next update from its --policy folder when it was saved by
@@ -39,8 +41,8 @@ import shutil
 import signal
 import sys
 import threading
-import types
 import time
+import types
 from pathlib import Path
 
 import numpy as np
