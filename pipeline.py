@@ -80,7 +80,7 @@ EXPERIMENTS = {"main": ["harness-scaling", "single", "blackbox-sft", "blackbox-r
                "selection": ["harness-scaling", "random18"], "assignment": ["harness-scaling", "random-assign"],
                "k": ["k1", "harness-scaling", "k5"]}
 SIZE_FLAGS = ("iterations", "tasks_per_iteration", "group_size", "algo", "eval_tasks", "eval_heldout",
-              "sft_epochs", "sft_tasks", "seed", "backend", "smolagents_tasks")
+              "sft_epochs", "sft_tasks", "seed", "backend", "smolagents_tasks", "max_new_tokens")
 
 
 def parse_args(argv=None):
@@ -91,6 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--method", default="harness-scaling", choices=sorted(METHODS), help="without --experiment")
     p.add_argument("--seeds", help="experiments: training seeds (replicates), e.g. 0,1,2 (default: --seed)")
     p.add_argument("--iterations", type=int, help="RL iterations (04 + 05 each)")
+    p.add_argument("--max-new-tokens", type=int, help="tokens per reply (the presets' budgets hold the oracle's "
+                   "longest reply; lower only to save time on a miniature, as the tests do)")
     p.add_argument("--tasks-per-iteration", type=int, help="tasks per RL iteration")
     p.add_argument("--group-size", type=int, help="samples per (task, harness): the GRPO group")
     p.add_argument("--algo", choices=["grpo", "ppo"], help="RL algorithm of stage 05")
@@ -133,7 +135,7 @@ def settings(args):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     for key in ("iterations", "tasks_per_iteration", "group_size", "eval_heldout", "sft_epochs", "sft_tasks",
-                "max_train_tasks", "eval_tasks"):
+                "max_train_tasks", "eval_tasks", "max_new_tokens"):
         value = cfg.get(key, getattr(args, key, None))
         if value is not None and value < (0 if key == "iterations" else 1):
             die(f"--{key.replace('_', '-')} {value}: must be >= {0 if key == 'iterations' else 1}")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from conftest import run_stage
 
-MINI = ["--max-train-tasks", 6, "--sft-tasks", 3, "--sft-epochs", 1, "--tiny-size", "1,32,2", "--iterations", 1,
+MINI = ["--max-new-tokens", 48, "--max-train-tasks", 6, "--sft-tasks", 3, "--sft-epochs", 1, "--tiny-size", "1,32,2", "--iterations", 1,
         "--tasks-per-iteration", 3, "--group-size", 2, "--eval-tasks", 3, "--eval-heldout", 2]
 
 
@@ -141,7 +141,7 @@ def test_experiment_main_from_one_command(tmp_path):
     baselines) leaves every row's Out-of-Space column, each training task visited K = 3 times sees its 3
     harnesses, compute is matched, and a second call redoes nothing."""
     exp = tmp_path / "exp"
-    args = ["--experiment", "main", "--run", exp, "--sft-tasks", 2, "--sft-epochs", 1, "--tiny-size", "1,32,2",
+    args = ["--experiment", "main", "--run", exp, "--max-new-tokens", 48, "--sft-tasks", 2, "--sft-epochs", 1, "--tiny-size", "1,32,2",
             "--iterations", 3, "--tasks-per-iteration", 2, "--group-size", 2, "--eval-tasks", 3,
             "--eval-heldout", 3, "--smolagents-tasks", 0]
     run_stage("pipeline.py", *args, timeout=1200)
