@@ -7,11 +7,13 @@ The paper's objective (multi-harness policy optimisation), maximised over the up
 N_B = number of policy-generated tokens in the whole minibatch of one optimizer step (counted
 before it is split into micro-batches, so --micro-batch-size never changes the update), M_t = 1 only
 on generated (completion) tokens, rho_t = pi_theta / pi_old with pi_old recomputed here, before the
-update, at the sampling temperature. A minibatch with no signal (GRPO: every group reward-equal, A = 0) makes
-no optimizer step: AdamW's momentum would move the weights on zero gradients. Where another engine sampled
-(04's `sampler`: vLLM, or a dtype other than fp32) each token's term is weighted by min(pi_old / pi_rollout, 2)
+update, at the sampling temperature (GRPO: the first minibatch's from its own forward pass, same
+weights). A minibatch with no signal (GRPO: every group reward-equal, A = 0) makes no optimizer step:
+AdamW's momentum would move the weights on zero gradients. Where another engine sampled (04's
+`sampler`: vLLM, or a dtype other than fp32) each token's term is weighted by min(pi_old / pi_rollout, 2)
 (truncated IS, --tis-cap / --no-tis). Each stored model turn is one sequence prompt + completion;
-turns whose prompt extends the previous prompt + completion are merged (same loss, fewer tokens).
+turns whose prompt extends the previous prompt + completion are merged (same loss, fewer tokens). The
+LM head runs in chunks of --logit-chunk completion tokens: memory is bounded by a chunk (docs/rl-cost.md).
 
     python 05_train.py --init-tiny --out runs/toy/tiny --corpus demos_text.jsonl data/train_tasks.jsonl
     python 05_train.py --algo sft --policy runs/toy/tiny --rollouts demos.jsonl --out runs/toy/init_policy \

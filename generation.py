@@ -14,6 +14,10 @@ None when greedy (temperature 0). backend.gen_seconds adds up the wall time spen
 With keys, a prompt's sampling randomness depends only on (seed, turn, its key), never on the other prompts of the
 batch: one 04 process and N shard processes (04 --shard I/N) then draw the same tokens for the same episode.
 
+Across turns (04): extend_prompt(tok, last_messages, last_prompt_ids, completion_ids, reply, messages) gives the next
+prompt as the last prompt's ids + the sampled ids + the template's ids for what follows the reply, where the context
+only appended (None otherwise: re-render with encode).
+
 `args` fields read: temperature, max_new_tokens, seed; dtype (auto|bfloat16|float16|float32); vLLM only:
 enforce_eager (None = on for CPU), max_model_len, gpu_memory_utilization (GPU), tensor_parallel_size.
 """
