@@ -46,7 +46,8 @@ from tqdm import tqdm
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # generation.py, beside this file: the hf and vllm backends (token ids in and out)
-from generation import HFBackend, InputError, VLLMBackend, encode, load_tokenizer, max_positions  # noqa: E402
+from generation import (HFBackend, InputError, VLLMBackend, encode, extend_prompt, load_tokenizer,  # noqa: E402
+                        max_positions)
 COMPONENTS = ["S", "T", "O", "C", "W"]
 SYNTAXES = ["hermes_json", "xml_invoke", "python_call", "shell", "react"]
 CANONICAL = {"list_files": [], "read_file": ["path"], "search": ["query"], "write_file": ["path", "content"],
@@ -702,6 +703,8 @@ class Episode:
         self.turns = self.parse_errors = self.tool_errors = self.workflow_violations = self.workflow_checks = 0
         self.model_turns, self.finish_reason, self.reward, self.checks = [], None, 0.0, []
         self.error_turns, self.valid_call_turns = [], []  # 1-based turns with an error / a call that ran cleanly
+        self.last = None  # (context shown, its prompt ids, completion ids, reply text) of the last model turn
+        self.rerendered = 0  # later turns whose prompt was re-rendered (the context rewrote history): new samples
 
     @property
     def done(self):
@@ -709,6 +712,18 @@ class Episode:
 
     def context(self):
         return manage_context(self.C, self.messages, self.n_head)
+
+    def prompt(self, tok):
+        """(context, prompt ids). Token-in/token-out: where the context only appended since the last turn, the
+        last prompt's ids + the sampled ids + the template's ids for what followed (generation.extend_prompt), so
+        the model never sees a re-tokenisation of its own reply and 05 trains the episode as one sequence; where C
+        rewrote history (window, elision), the context is rendered afresh and a new sample starts there."""
+        context = self.context()
+        ids = extend_prompt(tok, *self.last, context) if self.last else None
+        if ids is None:
+            self.rerendered += self.last is not None
+            ids = encode(tok, context)
+        return context, ids
 
     def finish(self, reason):
         self.finish_reason = reason
@@ -790,7 +805,7 @@ class Episode:
                 "turns": self.turns, "parse_errors": self.parse_errors, "tool_errors": self.tool_errors,
                 "workflow_violations": self.workflow_violations, "workflow_checks": self.workflow_checks,
                 "error_turns": self.error_turns, "valid_call_turns": self.valid_call_turns,
-                "submitted_answer": self.ws.answer,
+                "submitted_answer": self.ws.answer, "rerendered_turns": self.rerendered,
                 "transcript": self.messages, "model_turns": self.model_turns}
 
 
@@ -834,11 +849,13 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
         live = [e for e in episodes if not e.done]
         if not live:
             break
-        prompts = [encode(tok, e.context()) for e in live] if tok is not None else [None] * len(live)
+        shown = [e.prompt(tok) for e in live] if tok is not None else [(None, None)] * len(live)
+        contexts, prompts = [c for c, _ in shown], [p for _, p in shown]
         if positions:  # the prompt and the reply must fit in the model's positions
             over = [e for e, p in zip(live, prompts) if len(p) > positions - max_new_tokens]
             for e in over:
                 e.finish("context_limit")
+            contexts = [c for e, c in zip(live, contexts) if not e.done]
             prompts = [p for e, p in zip(live, prompts) if not e.done]
             live = [e for e in live if not e.done]
         if backend is None:  # oracle
@@ -852,9 +869,10 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
             outs = ((backend.generate(prompts, turn, keys=keys) if all(keys) else backend.generate(prompts, turn))
                     if live else [])
             texts = [tok.decode(ids, skip_special_tokens=True) for ids, _ in outs]
-        for e, p, out, text in zip(live, prompts, outs, texts):
+        for e, c, p, out, text in zip(live, contexts, prompts, outs, texts):
             if out is not None:
                 e.model_turns.append({"prompt_ids": p, "completion_ids": out[0], "logprobs": out[1]})
+                e.last = (c, p, out[0], safe_text(text))  # the reply as the transcript will hold it
             e.step(text)
         bar.update(sum(e.done for e in episodes) - bar.n)
     bar.close()

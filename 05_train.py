@@ -7,11 +7,13 @@ The paper's objective (multi-harness policy optimisation), maximised over the up
 N_B = number of policy-generated tokens in the whole minibatch of one optimizer step (counted
 before it is split into micro-batches, so --micro-batch-size never changes the update), M_t = 1 only
 on generated (completion) tokens, rho_t = pi_theta / pi_old with pi_old recomputed here, before the
-update, at the sampling temperature. A minibatch with no signal (GRPO: every group reward-equal, A = 0) makes
-no optimizer step: AdamW's momentum would move the weights on zero gradients. Where another engine sampled
-(04's `sampler`: vLLM, or a dtype other than fp32) each token's term is weighted by min(pi_old / pi_rollout, 2)
+update, at the sampling temperature (GRPO: the first minibatch's from its own forward pass, same
+weights). A minibatch with no signal (GRPO: every group reward-equal, A = 0) makes no optimizer step:
+AdamW's momentum would move the weights on zero gradients. Where another engine sampled (04's
+`sampler`: vLLM, or a dtype other than fp32) each token's term is weighted by min(pi_old / pi_rollout, 2)
 (truncated IS, --tis-cap / --no-tis). Each stored model turn is one sequence prompt + completion;
-turns whose prompt extends the previous prompt + completion are merged (same loss, fewer tokens).
+turns whose prompt extends the previous prompt + completion are merged (same loss, fewer tokens). The
+LM head runs in chunks of --logit-chunk completion tokens: memory is bounded by a chunk (docs/rl-cost.md).
 
     python 05_train.py --init-tiny --out runs/toy/tiny --corpus demos_text.jsonl data/train_tasks.jsonl
     python 05_train.py --algo sft --policy runs/toy/tiny --rollouts demos.jsonl --out runs/toy/init_policy \
@@ -88,6 +90,12 @@ def parse_args(argv=None):
     g.add_argument("--minibatches", type=int, help="optimizer steps per pass (RL default 2)")
     g.add_argument("--minibatch-size", type=int, help="sequences per optimizer step (SFT default 32)")
     g.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward (accumulation)")
+    g.add_argument("--micro-batch-tokens", type=int, help="instead of --micro-batch-size: micro-batches of the "
+                   "length-sorted sequences holding at most this many padded tokens (sequences x longest; a longer "
+                   "sequence runs alone), so memory follows tokens, not sequence counts")
+    g.add_argument("--logit-chunk", type=int, default=LOGIT_CHUNK, help="completion tokens per LM-head chunk: the "
+                   "fp32 [tokens, vocab] logits exist for one chunk at a time (backward recomputes them per chunk); "
+                   "0 = the whole micro-batch at once")
     g.add_argument("--no-merge-turns", action="store_true", help="one sequence per model turn, never merged")
     g.add_argument("--min-reward", type=float, help="SFT: keep only demonstrations with reward >= this (e.g. 1)")
     g.add_argument("--no-optimizer-state", action="store_true", help="neither load nor save optimizer.pt")
@@ -96,6 +104,8 @@ def parse_args(argv=None):
     g.add_argument("--fsdp", action="store_true", help="under torchrun: shard the weights, gradients and AdamW state "
                    "over the ranks (FSDP2 fully_shard, per decoder layer + root) for a model whose full copy does not "
                    "fit one GPU; the same update (docs/distributed.md)")
+    # tests only: score every pi_old apart, as before the first minibatch took it from its own forward pass
+    g.add_argument("--score-all-old", action="store_true", help=argparse.SUPPRESS)
     # [distributed] tests only: the biased port (loss / the rank's own N_B, gradients averaged over ranks)
     g.add_argument("--naive-local-nb", action="store_true", help=argparse.SUPPRESS)
     g = p.add_argument_group("tiny model (--init-tiny)")
@@ -149,6 +159,7 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
+LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk (--logit-chunk): 1024 x 151,936 x 4 B = 0.6 GB a tensor
 TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
 MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
 
@@ -563,28 +574,70 @@ def check_head(model, ids, where):
              f"log-prob difference {err:.2g}; known: Gemma-2 soft-capping, Cohere logit_scale, Granite logits_scaling)")
 
 
-def trunk_and_head(model, batch, amp):
-    """Hidden states [N, H] and fp32 logits [N, V] of the positions that predict generated tokens. The LM head runs
-    on those only, not on every position (prompts are most of the tokens).
-    amp: bf16 autocast of the trunk on the batch's device (the LM head stays fp32)."""
+def head_logp(model, h, tgt, temp):
+    """log pi(y_t | s_t) at temperature for one chunk of hidden states [c, H] -> [c]."""
+    logits = lm_head(model, h) / temp[:, None]  # [c, V] fp32, pi(.|s) at the sampling temperature
+    return torch.log_softmax(logits, dim=-1).gather(1, tgt[:, None]).squeeze(1)  # [c]
+
+
+def head_logp_ent(model, h, tgt, temp):
+    """(log-probs [c], entropies [c]) for one chunk: H(pi(.|s_t)) = -sum_v p_v log p_v."""
+    logp_all = torch.log_softmax(lm_head(model, h) / temp[:, None], dim=-1)  # [c, V]
+    return logp_all.gather(1, tgt[:, None]).squeeze(1), -(logp_all.exp() * logp_all).sum(-1)  # [c], [c]
+
+
+def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
+    """Hidden states [N, H] of the positions that predict generated tokens, their log-probs [N] at temperature and
+    entropies [N] (only with entropy=True: an --ent-coef term; else None). The LM head runs on the selected hidden
+    states, not on every position (prompts are most of the tokens), in chunks of `chunk` tokens: the fp32 [chunk, V]
+    logits and log-softmax exist for one chunk at a time. With gradients and more than one chunk, each chunk is
+    checkpointed (its [chunk, V] tensors are freed and recomputed in backward: one more LM-head matmul per chunk), so
+    peak memory is bounded by one chunk instead of growing with the micro-batch. Row-wise the same arithmetic as one
+    [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk on the batch's device (the LM head stays fp32).
+    Under --fsdp this function is a registered forward method of the root unit (shard_model)."""
     with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
         # right padding + causal attention: real tokens never attend to the pads, so no attention mask
         h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
     h = h[batch["sel"]]  # [N, H]
-    return h, lm_head(model, h)
+    n = h.shape[0]
+    chunk = chunk if chunk and chunk > 0 else max(1, n)
+    fn = head_logp_ent if entropy else head_logp
+    ckpt = torch.is_grad_enabled() and n > chunk
+    parts = []
+    for a in range(0, n, chunk):
+        args = (model, h[a:a + chunk], batch["tgt"][a:a + chunk], batch["temp"][a:a + chunk])
+        parts.append(torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False) if ckpt else fn(*args))
+    if entropy:
+        logp, ent = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # [N], [N]
+    else:
+        logp, ent = torch.cat(parts), None  # [N]
+    return h, logp, ent
 
 
-def forward(model, vhead, batch, amp, ent_grad=False):
-    """Log-probs (at temperature), entropies and values of the generated tokens only."""
+def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
+    """Log-probs (at temperature), entropies (or None) and values of the generated tokens only."""
     # [distributed] --fsdp: the same function, through the root unit's hooks (shard_model)
-    h, logits = model.trunk_and_head(batch, amp) if FSDP else trunk_and_head(model, batch, amp)
-    logits = logits / batch["temp"][:, None]  # [N, V] fp32, pi(.|s) at the sampling temperature
-    logp_all = torch.log_softmax(logits, dim=-1)  # [N, V]
-    logp = logp_all.gather(1, batch["tgt"][:, None]).squeeze(1)  # [N]
-    with torch.set_grad_enabled(ent_grad and torch.is_grad_enabled()):  # no [N, V] kept for backward
-        ent = -(logp_all.exp() * logp_all).sum(-1)  # [N]
+    h, logp, ent = (model.trunk_and_head(batch, amp, entropy, chunk) if FSDP else
+                    trunk_and_head(model, batch, amp, entropy, chunk))
     v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
     return logp, ent, v
+
+
+def micro_batches(seqs, size=8, tokens=None):
+    """Split (length-sorted) sequences into consecutive micro-batches: `size` sequences each, or, with `tokens`
+    (--micro-batch-tokens), greedily as many as keep count x longest (the padded tokens run) <= tokens; a sequence
+    longer than the budget runs alone. The loss does not depend on the split (every part divides by N_B)."""
+    if not tokens:
+        return [seqs[i:i + size] for i in range(0, len(seqs), size)]
+    out, cur, width = [], [], 0
+    for s in seqs:
+        w = max(width, len(s["ids"]))
+        if cur and w * (len(cur) + 1) > tokens:
+            out.append(cur)
+            cur, w = [], len(s["ids"])
+        cur.append(s)
+        width = w
+    return out + [cur] if cur else out
 
 
 def policy_loss(logp, old_logp, adv, clip_eps, n_b, tis_w=None):
@@ -648,7 +701,7 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
     if skips_zero_adv(args):  # run only those (N_B keeps the others)
         seqs = signal
     seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # less padding; the sum does not depend on order
-    micro = [seqs[i:i + args.micro_batch_size] for i in range(0, len(seqs), args.micro_batch_size)]
+    micro = micro_batches(seqs, args.micro_batch_size, getattr(args, "micro_batch_tokens", None))
     if FSDP:  # [distributed] every rank runs as many forward/backward calls as the busiest one (FSDP2's collectives)
         micro += [None] * (int(max(all_sum([len(micro) * (r == RANK) for r in range(WORLD)]))) - len(micro))
         filler = min((s for s in minibatch if not skips_zero_adv(args) or s["adv"].any()), key=lambda s: len(s["ids"]),
@@ -658,13 +711,16 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
         # skip the optimizer step is about the whole minibatch, never one rank's share (else the ranks drift apart)
         n_act, signal_count = all_sum([sum(s["n"] for s in seqs), m["signal_sequences"]])
         n_act, m["signal_sequences"] = max(1, n_act), int(signal_count)
-    for chunk in micro:
-        if chunk is None:  # [distributed] --fsdp: a zero-weight micro-batch (gathers, then reduces zero gradients)
+    for mb in micro:
+        if mb is None:  # [distributed] --fsdp: a zero-weight micro-batch (gathers, then reduces zero gradients)
             logp, _, v = forward(model, vhead, collate([filler], pad_id, device), amp)
             (0.0 * (logp.sum() + (v.sum() if v is not None else 0.0))).backward()
             continue
-        b = collate(chunk, pad_id, device)
-        logp, ent, v = forward(model, vhead, b, amp, ent_grad=args.ent_coef > 0)
+        b = collate(mb, pad_id, device)
+        logp, ent, v = forward(model, vhead, b, amp, entropy=args.ent_coef > 0, chunk=getattr(args, "logit_chunk",
+                                                                                              LOGIT_CHUNK))
+        if args.algo != "sft" and "old_logp" not in b:  # the first minibatch at the rollout's weights (see main)
+            b.update(old_from_forward(mb, logp.detach(), device))
         if args.algo == "sft":
             # SFT: -1/N_B sum_t M_t log pi_theta(y_t | s_t)
             pg = -logp.sum() / n_b
@@ -695,7 +751,8 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
             m["pg_loss"] += pg.item()
             m["clip_frac"] += ((ratio - 1).abs() > args.clip_eps).sum().item() / n_act
             m["approx_kl"] += ((ratio - 1) - lr).sum().item() / n_act  # k3 of KL(old || new)
-            m["entropy"] += ent.sum().item() / n_act
+            if ent is not None:  # only with --ent-coef (the [N, V] work it takes is not spent for the log alone)
+                m["entropy"] += ent.sum().item() / n_act
             m["seq_tokens"] += b["tokens"]
     if WORLD > 1:  # [distributed] every term above is over the global N_B / n_act: the ranks' sum is the minibatch's
         if args.tis_cap:
@@ -703,22 +760,41 @@ def accumulate(model, vhead, seqs, args, pad_id, device, amp):
         names = [k for k in m if k not in ("tokens", "signal_sequences")]  # those two are already global
         m.update(zip(names, all_sum([m[k] for k in names])), tokens=int(n_b), rank_tokens=list(map(int, rank_tokens)))
         m["seq_tokens"] = int(m["seq_tokens"])
+    if not args.ent_coef:
+        m["entropy"] = None
     return m
 
 
+def old_from_forward(seqs, logp, device):
+    """pi_old of sequences trained at the rollout's weights (the first minibatch of the first epoch, see main):
+    their own forward's log-probs, detached, and what main derives from pi_old for the others: the truncated-IS
+    weights min(pi_old / pi_rollout, C) and, for a KL to this same policy, ref = pi_old. -> the batch's fields."""
+    for s, lp in zip(seqs, logp.split([s["n"] for s in seqs])):
+        s["old_logp"] = lp.float().cpu()
+        cap, ref_is_old = s.pop("old_from_forward")
+        if cap:
+            w = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=cap)  # [n]
+            s["tis_w"] = torch.where(torch.isnan(w), torch.ones_like(w), w)
+        if ref_is_old:
+            s["ref_logp"] = s["old_logp"].clone()
+    return {k: torch.cat([s[k] for s in seqs]).to(device) for k in ("old_logp", "tis_w", "ref_logp") if k in seqs[0]}
+
+
 @torch.no_grad()
-def score(model, vhead, seqs, pad_id, device, amp, bs, out_key, desc):
-    """Per-sequence log-probs (and values) of the generated tokens with the current weights."""
+def score(model, vhead, seqs, pad_id, device, amp, bs, out_key, desc, tokens=None, logit_chunk=LOGIT_CHUNK):
+    """Per-sequence log-probs (and values) of the generated tokens with the current weights; sequences are run
+    sorted by length (in file order the padding was 19-25% of the tokens, sorted about 1%)."""
     model.eval()
+    seqs = sorted(seqs, key=lambda s: len(s["ids"]))
     all_seqs, seqs = seqs, shard_by_tokens(seqs) if WORLD > 1 else seqs  # [distributed] each rank scores its share
-    chunks = [seqs[i:i + bs] for i in range(0, len(seqs), bs)]
+    parts = micro_batches(seqs, bs, tokens)
     if FSDP:  # [distributed] the same number of forwards on every rank (FSDP2's gathers); the extra ones are dropped
-        chunks += [None] * (int(max(all_sum([len(chunks) * (r == RANK) for r in range(WORLD)]))) - len(chunks))
-    for chunk in tqdm(chunks, desc=desc, leave=False, disable=len(seqs) <= 4 * bs or RANK > 0):
+        parts += [None] * (int(max(all_sum([len(parts) * (r == RANK) for r in range(WORLD)]))) - len(parts))
+    for chunk in tqdm(parts, desc=desc, leave=False, disable=len(parts) <= 4 or RANK > 0):
         if chunk is None:
-            forward(model, vhead, collate(all_seqs[:1], pad_id, device), amp)
+            forward(model, vhead, collate(all_seqs[:1], pad_id, device), amp, chunk=logit_chunk)
             continue
-        logp, _, v = forward(model, vhead, collate(chunk, pad_id, device), amp)
+        logp, _, v = forward(model, vhead, collate(chunk, pad_id, device), amp, chunk=logit_chunk)
         for s, lp, vv in zip(chunk, logp.split([s["n"] for s in chunk]),
                              (v.split([s["n"] for s in chunk]) if v is not None else [None] * len(chunk))):
             s[out_key] = lp.float().cpu()
@@ -837,6 +913,19 @@ def resolve_paths(args):
     return policy, rollouts, out, ref, why
 
 
+def logprob_mismatch(active, info, warnings):
+    """Mean |rollout - trainer| log-prob over the tokens that have both (logged; a warning above MISMATCH_WARN)."""
+    stored = torch.cat([s["stored_logp"] for s in active])
+    recomp = torch.cat([s["old_logp"] for s in active])
+    have = ~torch.isnan(stored)
+    info["logprob_mismatch"] = float((stored[have] - recomp[have]).abs().mean()) if have.any() else None
+    if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
+        warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
+                        "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
+        if RANK == 0:
+            print(f"[05] warning: {warnings[-1]}", file=sys.stderr)
+
+
 def load_optimizer(opt, path, algo, shapes):
     """Carry AdamW's moments across updates: a fresh AdamW makes each first step ~lr * sign(g)."""
     if not path.is_file():
@@ -872,9 +961,11 @@ def run_stage(args):
     if args.init_tiny:
         return init_tiny(args)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    for k in ("ppo_epochs", "epochs", "micro_batch_size", "minibatches", "minibatch_size"):
+    for k in ("ppo_epochs", "epochs", "micro_batch_size", "minibatches", "minibatch_size", "micro_batch_tokens"):
         if getattr(args, k) is not None and getattr(args, k) < 1:
             fail(f"--{k.replace('_', '-')} must be >= 1")
+    if args.logit_chunk < 0:
+        fail(f"--logit-chunk {args.logit_chunk}: must be >= 0 (0 = no chunking)")
     for flag, x in (("--lr", args.lr), ("--vf-lr", args.vf_lr), ("--tis-cap", args.tis_cap)):  # name only the flag
         if x is not None and not (math.isfinite(x) and x > 0):  # that is wrong
             fail(f"{flag} {x}: must be a finite number > 0")
@@ -942,31 +1033,53 @@ def run_stage(args):
     # the sequences that carry a gradient (GRPO: equal-reward groups have A = 0 and are skipped, see accumulate)
     active = [s for s in seqs if s["adv"].any()] if skips_zero_adv(args) else seqs
     info["trained_sequences"] = len(active)
+    epochs = args.epochs if args.algo == "sft" else args.ppo_epochs
+    if args.minibatch_size:
+        mb_size = args.minibatch_size
+    elif args.minibatches:
+        mb_size = math.ceil(len(seqs) / args.minibatches)
+    else:
+        mb_size = 32 if args.algo == "sft" else math.ceil(len(seqs) / 2)
+    n_mb = math.ceil(len(seqs) / mb_size)
     if args.algo != "sft" and active:
-        # pi_old: recomputed with the rollout's weights (this policy) at each episode's temperature
-        score(model, vhead, active, pad_id, device, amp, args.micro_batch_size, "old_logp", "old log-probs")
-        stored = torch.cat([s["stored_logp"] for s in active])
-        recomp = torch.cat([s["old_logp"] for s in active])
-        have = ~torch.isnan(stored)
-        info["logprob_mismatch"] = float((stored[have] - recomp[have]).abs().mean()) if have.any() else None
-        if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
-            warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
-                            "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
+        # pi_old: the log-probs under the rollout's weights (this policy) at each episode's temperature. No work
+        # done twice: the first minibatch of the first epoch is trained at exactly those weights (no step yet,
+        # dropout off, same sequences and temperature), so its own forward pass IS pi_old: under GRPO its
+        # sequences are not scored here, accumulate takes pi_old from that forward, detached (its ratio is then 1,
+        # as it is, up to float noise, against a separate pass), and the TIS weights and a KL reference equal to
+        # this policy with it. PPO scores everything (GAE needs the old values before any step); so does
+        # torchrun (a rank would miss the pi_old of sequences another rank ran); the rollout's own log-probs are
+        # not used as pi_old (docs/rl-cost.md: not bit-equal even on the hf fp32 path, and vLLM's differ by ~1e-2).
         info["tis_cap"] = tis_cap_for(args, episodes)
+        first = set()
+        if args.algo == "grpo" and WORLD == 1 and not args.score_all_old:
+            state = shuffle_gen.get_state()  # the first epoch's order, drawn again below from the same state
+            first = set(torch.randperm(len(seqs), generator=shuffle_gen)[:mb_size].tolist())
+            shuffle_gen.set_state(state)
+        same_ref = use_kl and ref.resolve() == policy.resolve()
+        runs = {id(s) for s in active}
+        deferred = [s for k, s in enumerate(seqs) if k in first and id(s) in runs]
+        for s in deferred:
+            s["old_from_forward"] = (info["tis_cap"], same_ref)
+        scored = [s for s in active if "old_from_forward" not in s]
+        info["old_logp_scored"] = len(scored)  # sequences scored apart (the rest: pi_old from the first forward)
+        score(model, vhead, scored, pad_id, device, amp, args.micro_batch_size, "old_logp", "old log-probs",
+              args.micro_batch_tokens, args.logit_chunk)
         if info["tis_cap"]:
             if RANK == 0:
                 print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {info['tis_cap']}) "
                       f"({'--tis-cap' if args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
-            for s in active:  # min(pi_old / pi_rollout, C); tokens without rollout log-probs weigh 1
+            for s in scored:  # min(pi_old / pi_rollout, C); tokens without rollout log-probs weigh 1
                 w = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=info["tis_cap"])  # [n]
                 s["tis_w"] = torch.where(torch.isnan(w), torch.ones_like(w), w)
-        if use_kl and ref.resolve() != policy.resolve():
+        if use_kl and not same_ref:
             ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
             ref_model = shard_model(ref_model) if FSDP else ref_model.to(device)  # [distributed] --fsdp: sharded too
-            score(ref_model, None, active, pad_id, device, amp, args.micro_batch_size, "ref_logp", "ref log-probs")
+            score(ref_model, None, active, pad_id, device, amp, args.micro_batch_size, "ref_logp", "ref log-probs",
+                  args.micro_batch_tokens, args.logit_chunk)
             del ref_model
         elif use_kl:
-            for s in active:
+            for s in scored:
                 s["ref_logp"] = s["old_logp"].clone()
     if args.algo == "ppo":  # GAE needs the old values scored above
         ppo_advantages(seqs, rewards, args.gamma, args.lam, whiten=not args.no_norm_adv)
@@ -984,14 +1097,6 @@ def run_stage(args):
     info["optimizer_state"] = ("fresh AdamW state (--no-optimizer-state)" if args.no_optimizer_state else
                                load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes))
     print(f"[05] optimizer: {info['optimizer_state']}")
-    epochs = args.epochs if args.algo == "sft" else args.ppo_epochs
-    if args.minibatch_size:
-        mb_size = args.minibatch_size
-    elif args.minibatches:
-        mb_size = math.ceil(len(seqs) / args.minibatches)
-    else:
-        mb_size = 32 if args.algo == "sft" else math.ceil(len(seqs) / 2)
-    n_mb = math.ceil(len(seqs) / mb_size)
     log, t_update = [], time.time()
     bar = tqdm(total=epochs * n_mb, desc=f"05 {args.algo}", disable=epochs * n_mb < 5 or RANK > 0)
     for epoch in range(epochs):
@@ -1000,6 +1105,8 @@ def run_stage(args):
             ts = time.time()
             m = accumulate(model, vhead, [seqs[k] for k in order[j * mb_size:(j + 1) * mb_size]],
                            args, pad_id, device, amp)
+            if args.algo != "sft" and active and "logprob_mismatch" not in info:  # every pi_old is known now
+                logprob_mismatch(active, info, warnings)
             # no signal, no step: with zero gradients AdamW would still move every weight by its momentum
             # (lr * m_hat / (sqrt(v_hat) + eps), about lr per parameter) and decay it; the state stays untouched too
             m["optimizer_step"] = m["signal_sequences"] > 0

@@ -14,6 +14,10 @@ None when greedy (temperature 0). backend.gen_seconds adds up the wall time spen
 With keys, a prompt's sampling randomness depends only on (seed, turn, its key), never on the other prompts of the
 batch: one 04 process and N shard processes (04 --shard I/N) then draw the same tokens for the same episode.
 
+Across turns (04): extend_prompt(tok, last_messages, last_prompt_ids, completion_ids, reply, messages) gives the next
+prompt as the last prompt's ids + the sampled ids + the template's ids for what follows the reply, where the context
+only appended (None otherwise: re-render with encode).
+
 `args` fields read: temperature, max_new_tokens, seed; dtype (auto|bfloat16|float16|float32); vLLM only:
 enforce_eager (None = on for CPU), max_model_len, gpu_memory_utilization (GPU), tensor_parallel_size.
 """
@@ -46,6 +50,46 @@ def load_tokenizer(path):
 
 def encode(tok, messages):
     return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def render(tok, messages):
+    """The chat template's text for `messages` followed by the generation prompt (what encode tokenises)."""
+    return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+REPLY_MARK = "\ue000reply\ue001"  # stands for the reply while the template renders around it (private-use chars)
+
+
+def extend_prompt(tok, prev_messages, prev_ids, completion_ids, reply, messages):
+    """Token-in/token-out across turns: the next prompt's ids without re-tokenising the model's reply, or None.
+
+    prev_messages were shown to the model as prev_ids (their render, or an earlier extension of it); it sampled
+    completion_ids, decoded as `reply`. Where `messages` only appends to them (prev_messages + the assistant reply
+    as decoded + new messages: C0 full history, or a window / elision that has not rewritten anything yet):
+
+        next ids = prev_ids + completion_ids (as sampled, stop token included) + ids(tail)
+
+    tail = the template's text after the reply: rendered with REPLY_MARK in the reply's place, the text after the
+    mark (the end-of-message suffix, the new messages, the generation prompt), less the stop token's text where the
+    completion ended with it (the model already wrote it). Nothing here knows ChatML: the template says what
+    follows a reply. None (the caller re-renders the whole context: a new training sample) where the context
+    rewrote history, the reply shown is not the reply decoded (a harness that edits it, e.g. smolagents), the
+    template renders the history differently once a reply follows it, or the completion's stop token is not the
+    template's end of message."""
+    n = len(prev_messages)
+    if len(messages) <= n or messages[:n] != list(prev_messages) or messages[n].get("role") != "assistant" \
+            or messages[n].get("content") != reply or REPLY_MARK in reply:
+        return None
+    text = render(tok, messages[:n] + [dict(messages[n], content=REPLY_MARK)] + messages[n + 1:])
+    head, found, tail = text.partition(REPLY_MARK)
+    if not found or REPLY_MARK in tail or head != render(tok, prev_messages):
+        return None
+    if completion_ids and completion_ids[-1] in tok.stop_ids:  # the template's end of message, already sampled
+        stop = tok.decode(completion_ids[-1:], skip_special_tokens=False)
+        if not stop or not tail.startswith(stop):
+            return None
+        tail = tail[len(stop):]
+    return list(prev_ids) + list(completion_ids) + list(tok.encode(tail, add_special_tokens=False))
 
 
 def cut_at_stop(ids, stops):

@@ -179,18 +179,26 @@ class EpisodeModel(Model):
         super().__init__(model_id=model_id)
         self.rollout, self.tok, self.positions, self.max_new_tokens = rollout, tok, positions, max_new_tokens
         self.sent, self.model_turns, self.n_calls = [], [], 0
+        self.last, self.rerendered = None, 0  # token-in/token-out across calls, as 04 (generation.extend_prompt)
 
     def generate(self, messages, stop_sequences=None, response_format=None, tools_to_call_from=None, **kwargs):
         # tools_to_call_from is not rendered by the chat template: the tools reach the model through
         # smolagents' system prompt, and the tool call comes back as text for smolagents' own parser.
         msgs = plain_messages(self.rollout, messages)
-        ids = self.rollout.encode(self.tok, msgs) if self.tok is not None else None
+        ids = None
+        if self.tok is not None:  # 04's rule: extend the last prompt's ids where smolagents only appended to what
+            # the model saw and shows its reply unchanged; else re-render (smolagents folds its "Calling tools:"
+            # text into the assistant message after a tool call, so most turns re-render: a new sample in 05)
+            ids = self.rollout.extend_prompt(self.tok, *self.last, msgs) if self.last else None
+            self.rerendered += self.last is not None and ids is None
+            ids = ids if ids is not None else self.rollout.encode(self.tok, msgs)
         if ids is not None and self.positions and len(ids) > self.positions - self.max_new_tokens:
             raise ContextLimit(f"prompt of {len(ids)} tokens")
         self.sent.append(msgs)
         text, completion_ids, logprobs = self.reply(msgs, ids)
         if completion_ids is not None:
             self.model_turns.append({"prompt_ids": ids, "completion_ids": completion_ids, "logprobs": logprobs})
+            self.last = (msgs, ids, completion_ids, self.rollout.safe(text))
         return ChatMessage(role=MessageRole.ASSISTANT, content=cut_at_stop_sequences(text, stop_sequences))
 
     def reply(self, messages, prompt_ids):
@@ -268,7 +276,7 @@ def run_episode(rollout, task, model, ws, max_turns, meta, policy, temperature):
             "error_turns": [s.step_number for s in failed],  # 04's per-turn facts, from smolagents' steps
             "valid_call_turns": [s.step_number for s in steps if s.error is None and (s.tool_calls or
                                                                                      s.is_final_answer)],
-            "submitted_answer": ws.answer,
+            "submitted_answer": ws.answer, "rerendered_turns": model.rerendered,
             "transcript": plain_messages(rollout, agent.write_memory_to_messages()), "model_turns": model.model_turns,
             "framework": FRAMEWORK}
 

@@ -33,8 +33,8 @@ def small_tasks(path, per_family=1, name="train_tasks.jsonl"):
     return tasks
 
 
-def expected_prompt_text(record, turn):
-    """ChatML text of what the model should see at `turn`, built by hand from the full transcript."""
+def expected_messages(record, turn):
+    """The messages the model should see at `turn`, built by hand from the full transcript."""
     hid = record["harness_id"]
     head = 1 if hid == "X-react" else 2
     past = record["transcript"][:head + 2 * turn]
@@ -45,8 +45,24 @@ def expected_prompt_text(record, turn):
     if mode == "elide":
         n_obs = len(rest) // 2
         rest = [dict(m, content=elided) if i % 2 and i // 2 < n_obs - k else m for i, m in enumerate(rest)]
-    msgs = past[:head] + rest
+    return past[:head] + rest
+
+
+def chatml(msgs):
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs) + "<|im_start|>assistant\n"
+
+
+def expected_prompt_text(record, turn):
+    """ChatML text of what the model should see at `turn`, built by hand from the full transcript."""
+    return chatml(expected_messages(record, turn))
+
+
+def appends(record, turn):
+    """Does the context at `turn` only append to the one at turn - 1 (+ the reply)? Then the prompt must extend the
+    last prompt + its completion ids (token-in/token-out); otherwise it is the rendered context, tokenised."""
+    before, now, head = expected_messages(record, turn - 1), expected_messages(record, turn), 1 if \
+        record["harness_id"] == "X-react" else 2
+    return turn > 0 and now[:len(before) + 1] == before + [record["transcript"][head + 2 * (turn - 1)]]
 
 
 def check_token_records(records, tok, max_new_tokens=None):
@@ -54,10 +70,25 @@ def check_token_records(records, tok, max_new_tokens=None):
     for r in records:
         head = 1 if r["harness_id"] == "X-react" else 2
         assert len(r["model_turns"]) == r["turns"] + (r["finish_reason"] == "context_limit")
+        rerendered = 0
         for i, mt in enumerate(r["model_turns"]):
             text = expected_prompt_text(r, i)
-            assert tok.decode(mt["prompt_ids"], skip_special_tokens=False) == text, (r["episode_id"], i)
-            assert mt["prompt_ids"] == tok.encode(text, add_special_tokens=False)
+            if appends(r, i):  # token-in/token-out: last prompt + sampled ids + the template's text after the reply
+                last = r["model_turns"][i - 1]
+                k = len(last["prompt_ids"]) + len(last["completion_ids"])
+                assert mt["prompt_ids"][:k] == last["prompt_ids"] + last["completion_ids"], (r["episode_id"], i)
+                reply = r["transcript"][head + 2 * (i - 1)]["content"]
+                tail = text[len(expected_prompt_text(r, i - 1)) + len(reply):]  # "<|im_end|>\n<|im_start|>..."
+                if last["completion_ids"][-1] in stop:
+                    tail = tail[len("<|im_end|>"):]
+                assert tok.decode(mt["prompt_ids"][k:], skip_special_tokens=False) == tail, (r["episode_id"], i)
+                assert mt["prompt_ids"][k:] == tok.encode(tail, add_special_tokens=False)
+                if tok.encode(text, add_special_tokens=False) == mt["prompt_ids"]:  # where re-tokenising agrees
+                    assert tok.decode(mt["prompt_ids"], skip_special_tokens=False) == text
+            else:
+                rerendered += i > 0
+                assert tok.decode(mt["prompt_ids"], skip_special_tokens=False) == text, (r["episode_id"], i)
+                assert mt["prompt_ids"] == tok.encode(text, add_special_tokens=False)
             ids = mt["completion_ids"]
             assert ids and not stop & set(ids[:-1])  # at most one stop token, at the end
             assert ids[-1] in stop or len(ids) == max_new_tokens
@@ -65,6 +96,7 @@ def check_token_records(records, tok, max_new_tokens=None):
                 assert r["transcript"][head + 2 * i]["content"] == tok.decode(ids, skip_special_tokens=True)
             if mt["logprobs"] is not None:
                 assert len(mt["logprobs"]) == len(ids) and all(lp <= 0 for lp in mt["logprobs"])
+        assert r.get("rerendered_turns", rerendered) == rerendered
 
 
 # ----------------------------------------------------------------------------- oracle with --tokenizer

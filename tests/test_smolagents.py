@@ -141,9 +141,26 @@ def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
     model = B.PolicyModel(R, Recording(), tok, 8192, 24)
     rec = B.run_episode(R, TEST_TASKS[0], model, R.Workspace(TEST_TASKS[0]["files"]), 3, META, "tiny", 1.0)
     assert len(calls) == len(model.sent) == rec["turns"] == len(rec["model_turns"])
-    for (prompt, (ids, lps)), sent, turn in zip(calls, model.sent, rec["model_turns"]):
-        assert prompt == turn["prompt_ids"] == R.encode(tok, sent)
+    extended = 0
+    for i, ((prompt, (ids, lps)), sent, turn) in enumerate(zip(calls, model.sent, rec["model_turns"])):
+        assert prompt == turn["prompt_ids"]
         assert turn["completion_ids"] == ids and turn["logprobs"] == lps
+        # smolagents sent what the model saw + its reply unchanged + new messages: the last ids + the sampled ids
+        # (04's token-in/token-out) + the template's text after the reply; otherwise the rendered messages
+        last = i and rec["model_turns"][i - 1]
+        reply = i and tok.decode(last["completion_ids"], skip_special_tokens=True)
+        if i and sent[:len(model.sent[i - 1]) + 1] == model.sent[i - 1] + [{"role": "assistant", "content": reply}]:
+            extended += 1
+            k = len(last["prompt_ids"]) + len(last["completion_ids"])
+            assert prompt[:k] == last["prompt_ids"] + last["completion_ids"]
+            before, now = (tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+                           for m in (model.sent[i - 1], sent))
+            tail = now[len(before) + len(reply) + (len("<|im_end|>") if last["completion_ids"][-1] in tok.stop_ids
+                                                   else 0):]
+            assert now.startswith(before + reply) and prompt[k:] == tok.encode(tail, add_special_tokens=False)
+        else:
+            assert prompt == R.encode(tok, sent)
+    assert rec["rerendered_turns"] == rec["turns"] - 1 - extended
 
 
 def test_a_prompt_over_the_positions_ends_the_episode_as_context_limit(tiny):

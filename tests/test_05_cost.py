@@ -1,0 +1,166 @@
+"""05 without wasted work (docs/rl-cost.md): the LM head in chunks of completion tokens (same log-probs, entropies
+and gradients as one [N, V] pass), micro-batches sized by tokens (--micro-batch-tokens, same update), pi_old of the
+first minibatch taken from its own forward pass (same first-step loss and gradients as a separate scoring pass,
+same update), and scoring sorted by length."""
+import json
+
+import pytest
+import torch
+from test_05_train import T05, args_for, as_episodes, grads, load, prepare, random_episodes
+from transformers import AutoTokenizer
+
+
+@pytest.fixture
+def tiny(tiny05):
+    return tiny05
+
+
+def batch_of(model, recs, temp=0.7):
+    seqs = T05.build_sequences(as_episodes(recs))
+    for s in seqs:
+        s["temp"] = temp
+    return seqs, T05.collate(seqs, 0, "cpu")
+
+
+def today_forward(model, b):
+    """The formula before chunking, written out: fp32 logits of every selected position at once."""
+    h = model.base_model(input_ids=b["inp"]).last_hidden_state[b["sel"]]  # [N, H]
+    logp_all = torch.log_softmax(model.lm_head(h) / b["temp"][:, None], -1)  # [N, V]
+    return logp_all.gather(1, b["tgt"][:, None]).squeeze(1), -(logp_all.exp() * logp_all).sum(-1)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 0])
+def test_chunked_head_equals_one_pass(tiny, chunk):
+    model = load(tiny)
+    seqs, b = batch_of(model, random_episodes(model.config.vocab_size, n=5, turns=2, seed=3))
+    assert b["tgt"].numel() > 7  # several chunks
+    ref_logp, ref_ent = today_forward(model, b)
+    (ref_logp.sum() + 0.3 * ref_ent.sum()).backward()
+    g_ref = grads(model)
+    model.zero_grad()
+    logp, ent, _ = T05.forward(model, None, b, False, entropy=True, chunk=chunk)
+    torch.testing.assert_close(logp, ref_logp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-6, rtol=1e-6)  # ~5.7 nats: float32 ulp 5e-7
+    (logp.sum() + 0.3 * ent.sum()).backward()  # through the checkpointed chunks
+    scale = g_ref.abs().max().item()
+    assert scale > 1 and (grads(model) - g_ref).abs().max() <= 1e-6 * scale  # float32 summation order, relative
+    model.zero_grad()
+    logp2, ent2, _ = T05.forward(model, None, b, False, chunk=chunk)  # no entropy term: none computed
+    assert ent2 is None and torch.equal(logp2, logp)
+
+
+def test_chunked_loss_equals_todays_formula(tiny):
+    """The whole GRPO loss of a toy minibatch (clip, TIS, KL, entropy terms on) against the loss written out."""
+    model = load(tiny)
+    recs = random_episodes(model.config.vocab_size, n=6, turns=2, seed=4)
+    seqs = T05.build_sequences(as_episodes(recs))
+    prepare(model, seqs, [1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+    with torch.no_grad():  # ratios away from 1 so that clipping acts
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    for s in seqs:
+        s["tis_w"] = torch.rand(s["n"]) + 0.5
+        s["ref_logp"] = s["old_logp"] - 0.1
+    args = args_for("--kl-coef", "0.1", "--ent-coef", "0.01", "--micro-batch-size", "2", "--logit-chunk", "3")
+    m = T05.accumulate(model, None, seqs, args, 0, "cpu", False)
+    b = T05.collate(sorted(seqs, key=lambda s: len(s["ids"])), 0, "cpu")
+    with torch.no_grad():
+        logp, ent = today_forward(model, b)
+        n_b = b["tgt"].numel()
+        ratio = torch.exp(logp - b["old_logp"])
+        surr = torch.min(ratio * b["adv"], ratio.clamp(0.8, 1.2) * b["adv"]) * b["tis_w"]
+        d = b["ref_logp"] - logp
+        loss = -surr.sum() / n_b + 0.1 * (torch.exp(d) - d - 1).sum() / n_b - 0.01 * ent.sum() / n_b
+    assert m["loss"] == pytest.approx(loss.item(), abs=1e-6)
+    assert m["entropy"] == pytest.approx(ent.mean().item(), abs=1e-6)
+    assert T05.accumulate(model, None, seqs, args_for(), 0, "cpu", False)["entropy"] is None  # no term, not computed
+
+
+def test_micro_batches_by_tokens():
+    seqs = [{"ids": [0] * n} for n in (3, 4, 4, 6, 9, 30)]
+    parts = T05.micro_batches(seqs, tokens=12)
+    assert [len(s["ids"]) for p in parts for s in p] == [3, 4, 4, 6, 9, 30]  # order kept, nothing lost
+    assert all(len(p) * max(len(s["ids"]) for s in p) <= 12 for p in parts[:-1])
+    assert [len(p) for p in parts] == [3, 1, 1, 1]  # 3 x 4 = 12; 6 + 9 would pad to 18; 30 runs alone
+    assert [len(p) for p in T05.micro_batches(seqs, size=4)] == [4, 2]
+
+
+def test_micro_batch_tokens_do_not_change_the_update(tiny, tmp_path):
+    """The --micro-batch-tokens variant of test_05_train's micro-batch invariance: gradients and parameters."""
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=8, turns=2, seed=5)
+    model = load(tiny)
+    seqs = prepare(model, T05.build_sequences(as_episodes(recs)), T05.grpo_advantages(
+        [r["reward"] for r in recs], [r["group_id"] for r in recs])[0])
+    g = {}
+    for flags in (["--micro-batch-size", "64"], ["--micro-batch-tokens", "1"], ["--micro-batch-tokens", "40"],
+                  ["--micro-batch-tokens", "40", "--logit-chunk", "2"]):
+        model.zero_grad()
+        T05.accumulate(model, None, seqs, args_for(*flags), 0, "cpu", False)
+        g[" ".join(flags)] = grads(model)
+    for k, v in g.items():
+        torch.testing.assert_close(v, g["--micro-batch-size 64"], atol=1e-7, rtol=1e-5, msg=k)
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    params = {}
+    for flags in (["--micro-batch-size", "64"], ["--micro-batch-tokens", "30", "--logit-chunk", "4"]):
+        out = tmp_path / flags[1] / "policy"
+        T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"), "--out", str(out),
+                  "--lr", "1e-3", "--ppo-epochs", "1", "--minibatches", "1", *flags])
+        params[flags[1]] = torch.cat([p.flatten() for p in load(out).parameters()])
+    assert (params["64"] - params["30"]).abs().max() < 1e-5
+
+
+def test_first_minibatch_takes_pi_old_from_its_forward(tiny):
+    """Condition: the first minibatch of the first epoch runs at the rollout's weights, so its forward pass is
+    pi_old. First-step loss and gradients equal those with pi_old from a separate scoring pass (to 1e-6), TIS
+    weights and a KL reference to this policy included."""
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=6, turns=2, seed=8)
+    for r in recs:  # rollout log-probs that differ from the trainer's: TIS weights != 1
+        for mt in r["model_turns"]:
+            mt["logprobs"] = [-2.0 - 0.1 * j for j in range(len(mt["completion_ids"]))]
+    adv = T05.grpo_advantages([r["reward"] for r in recs], [r["group_id"] for r in recs])[0]
+    args = args_for("--kl-coef", "0.05", "--micro-batch-size", "2")
+    out = {}
+    for how in ("scored", "forward"):
+        model = load(tiny)
+        seqs = T05.build_sequences(as_episodes(recs))
+        for s in seqs:
+            s["adv"] = torch.full((s["n"],), float(adv[s["ep"]]))
+        if how == "scored":  # before: a separate pass, then TIS weights and ref from it
+            T05.score(model, None, seqs, 0, "cpu", False, 4, "old_logp", "old")
+            for s in seqs:
+                s["tis_w"] = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=2.0)
+                s["ref_logp"] = s["old_logp"].clone()
+        else:
+            for s in seqs:
+                s["old_from_forward"] = (2.0, True)
+        m = T05.accumulate(model, None, seqs, args, 0, "cpu", False)
+        out[how] = (m, grads(model), torch.cat([s["old_logp"] for s in seqs]), torch.cat([s["tis_w"] for s in seqs]))
+    (m1, g1, o1, w1), (m2, g2, o2, w2) = out["scored"], out["forward"]
+    torch.testing.assert_close(o2, o1, atol=1e-6, rtol=0)
+    torch.testing.assert_close(w2, w1, atol=1e-6, rtol=1e-6)
+    assert (w1 - 1).abs().max() > 0.1  # the weights matter here
+    for k in ("loss", "pg_loss", "kl", "tis_weight"):
+        assert m2[k] == pytest.approx(m1[k], abs=1e-6), k
+    torch.testing.assert_close(g2, g1, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kl", [False, True])
+def test_update_equals_the_one_with_every_pi_old_scored(tiny, tmp_path, kl):
+    """Whole update (2 epochs x 2 minibatches): the same log and parameters as with --score-all-old, and the
+    config says how many sequences were scored apart."""
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=8, turns=2, seed=9)
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = {}
+    for extra in ([], ["--score-all-old"]):
+        out = tmp_path / ("all" if extra else "reuse") / "policy"
+        res[bool(extra)] = T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"),
+                                     "--out", str(out), "--lr", "1e-3", "--seed", "1", *extra] +
+                                    (["--kl-coef", "0.05"] if kl else []))
+        res[bool(extra)]["params"] = torch.cat([p.flatten() for p in load(out).parameters()])
+        res[bool(extra)]["log"] = [json.loads(x) for x in (out.parent / "train_log.jsonl").read_text().splitlines()]
+    before, now = res[True], res[False]
+    assert now["old_logp_scored"] < before["old_logp_scored"] == before["trained_sequences"]
+    for a, b in zip(before["log"], now["log"]):
+        for k in ("loss", "pg_loss", "kl", "clip_frac"):
+            assert b[k] == pytest.approx(a[k], abs=1e-6), k
+    assert (now["params"] - before["params"]).abs().max() < 1e-5
