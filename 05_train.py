@@ -1136,7 +1136,7 @@ def run_stage(args):
     info["optimizer_steps"] = sum(r["optimizer_step"] for r in log)
     if not info["optimizer_steps"] and RANK == 0:
         print(f"[05] no optimizer step: no minibatch had a sequence with signal (every GRPO group reward-equal); "
-              f"the policy is written unchanged")
+              "the policy is written unchanged")
     check_finite(model, vhead, log)  # input checking's last guard: a non-finite policy is never written
     if FSDP:  # [distributed] the full weights and AdamW state, gathered to rank 0's CPU (every rank takes part)
         full = dict(model=gathered(model.state_dict(keep_vars=True)),

@@ -10,7 +10,6 @@
    ||theta_tis - theta_off|| against ||theta_off - theta_0||.
 """
 import argparse
-import json
 import os
 import platform
 import subprocess

@@ -3,7 +3,6 @@
 checkpoint.json; a run folder has one writer at a time; the pipeline forwards SIGINT/SIGTERM to its stage."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
