@@ -1135,7 +1135,7 @@ def run_stage(args):
     update_s = time.time() - t_update
     info["optimizer_steps"] = sum(r["optimizer_step"] for r in log)
     if not info["optimizer_steps"] and RANK == 0:
-        print(f"[05] no optimizer step: no minibatch had a sequence with signal (every GRPO group reward-equal); "
+        print("[05] no optimizer step: no minibatch had a sequence with signal (every GRPO group reward-equal); "
               "the policy is written unchanged")
     check_finite(model, vhead, log)  # input checking's last guard: a non-finite policy is never written
     if FSDP:  # [distributed] the full weights and AdamW state, gathered to rank 0's CPU (every rank takes part)
