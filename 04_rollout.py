@@ -1074,6 +1074,8 @@ def run_stage(args):
     shard = parse_shard(args.shard) if args.shard else None  # [multi-GPU] (I, N)
     if args.eval and (not args.harnesses or not args.out or not args.policy):
         raise InputError("eval mode needs --policy, --harnesses SPEC and --out FILE")
+    if not args.eval and args.out:  # training writes RUN/iter_t/rollouts.jsonl; a silently ignored --out misleads
+        raise InputError(f"--out {args.out}: only for --eval; training writes {args.run}/iter_NNN/rollouts.jsonl")
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
     smolagents = args.eval and args.harnesses == "smolagents"  # episodes run inside smolagents, not here

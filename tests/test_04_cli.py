@@ -351,6 +351,9 @@ def test_bad_input_names_file_line_and_field_and_writes_nothing(tmp_path, capsys
                  "missing_policy", "policy folder not found")
     expect_error(capsys, ["--run", str(tmp_path), "--policy", "oracle"] + tasks_arg, "--iteration")
     expect_error(capsys, ["--run", str(tmp_path), "--iteration", "0", "--group-size", "0"] + tasks_arg, "--group-size")
+    # training writes RUN/iter_t/rollouts.jsonl: an --out would be silently ignored, so it is refused
+    expect_error(capsys, ["--run", str(tmp_path), "--iteration", "0", "--policy", "oracle", "--out", str(out)]
+                 + tasks_arg, "--out", "only for --eval")
     # train mode: the default policy of iteration 2 is DIR/iter_001/policy
     expect_error(capsys, ["--run", str(tmp_path), "--iteration", "2"] + tasks_arg, "iter_001/policy")
     rows = (tmp_path / "assignment.jsonl").read_text().splitlines()

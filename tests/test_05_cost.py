@@ -164,3 +164,22 @@ def test_update_equals_the_one_with_every_pi_old_scored(tiny, tmp_path, kl):
         for k in ("loss", "pg_loss", "kl", "clip_frac"):
             assert b[k] == pytest.approx(a[k], abs=1e-6), k
     assert (now["params"] - before["params"]).abs().max() < 1e-5
+
+
+def test_amp_bf16_runs_the_trunk_in_bf16_on_the_cpu(tiny, tmp_path):
+    """--amp bf16 (the small preset's 05): bf16 autocast of the trunk on the CPU too, recorded in the config; the
+    update moves the same way as fp32's (cosine of the parameter changes) but not bit for bit (so it did run).
+    --amp auto stays fp32 on the CPU."""
+    recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=8, turns=2, seed=7)
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    start = torch.cat([p.flatten() for p in load(tiny).parameters()])
+    delta, cfg = {}, {}
+    for amp in ("auto", "off", "bf16"):
+        out = tmp_path / amp / "policy"
+        T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"), "--out", str(out),
+                  "--lr", "1e-3", "--ppo-epochs", "1", "--minibatches", "1", "--amp", amp])
+        delta[amp] = torch.cat([p.flatten() for p in load(out).parameters()]) - start
+        cfg[amp] = json.loads((out.parent / "05_train_config.json").read_text())
+    assert [cfg[a]["bf16_autocast"] for a in ("auto", "off", "bf16")] == [False, False, True]
+    assert torch.equal(delta["auto"], delta["off"]) and not torch.equal(delta["bf16"], delta["off"])
+    assert torch.nn.functional.cosine_similarity(delta["bf16"], delta["off"], dim=0) > 0.9
