@@ -66,12 +66,14 @@ PRESETS = {
                   tiny=None, sft_tasks=6, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
                   eval_heldout=4, smolagents_tasks=8, max_model_len=4096, amp="bf16", seed=0),
     # amp: 05's --amp for the RL updates (and black-box SFT); "bf16" on the CPU is ~1.6x faster where the CPU has
-    # AVX512-BF16 or AMX (README "Presets"); the warm start's SFT stays at 05's default
+    # AVX512-BF16 or AMX (docs/rl-cost.md); the warm start's SFT stays at 05's default. micro_batch_tokens: 05's
+    # --micro-batch-tokens (padded tokens per forward/backward), which bounds the gpu preset's activation memory
     # one GPU: a hub instruct model (downloaded by your machine), vLLM rollouts, bf16 training.
     "gpu": dict(model="Qwen/Qwen2.5-0.5B-Instruct", backend="vllm", iterations=20, tasks_per_iteration=64,
                 group_size=8, temperature=1.0, max_turns=8, max_new_tokens=256, algo="grpo", lr=1e-6, k=3,
                 ppo_epochs=2, tiny=None, sft_tasks=16, sft_epochs=2, sft_lr=1e-5, eval_tasks=None,
-                eval_heldout=16, smolagents_tasks=None, max_model_len=8192, amp="auto", seed=0),
+                eval_heldout=16, smolagents_tasks=None, max_model_len=8192, amp="auto", micro_batch_tokens=32768,
+                seed=0),
 }
 # method -> (training set, assignment, K or None for the preset's K)
 METHODS = {"harness-scaling": ("oa", "locality", None), "random18": ("random", "locality", None),
@@ -385,6 +387,7 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
              args, log, shards=args.gpus)
         step(f"05-it{t}", it / "policy",
              [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--amp", cfg["amp"],
+              *(["--micro-batch-tokens", cfg["micro_batch_tokens"]] if cfg.get("micro_batch_tokens") else []),
               "--lr", cfg["lr"],
               "--seed", seed + t, "--ppo-epochs", cfg["ppo_epochs"]], args, log)
         # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
