@@ -93,3 +93,37 @@ def test_fsdp_is_passed_to_05_under_torchrun(tmp_path, monkeypatch, capsys):
     except SystemExit as e:
         assert e.code == 2
     assert "--fsdp" in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+def test_05_gets_the_presets_update_flags(tmp_path, monkeypatch, capsys):
+    """The RL update's flags come from the preset and the command line: --lr, --ppo-epochs, --amp (small: bf16 on
+    the CPU) and, for the gpu preset, --micro-batch-tokens (the bound its memory estimate assumes)."""
+    cases = (("toy", ["--lr", "1e-4", "--ppo-epochs", "1"], {"--lr": "0.0001", "--ppo-epochs": "1", "--amp": "auto"}),
+             ("small", [], {"--lr": "1e-05", "--ppo-epochs": "1", "--amp": "bf16"}),
+             ("gpu", [], {"--micro-batch-tokens": "32768", "--amp": "auto", "--lr": "1e-06"}))
+    for preset, flags, expect in cases:
+        runs = []
+
+        class Recorder:  # run_stage's process: recorded, exits 0
+            def __init__(self, cmd, cwd, env=None, start_new_session=False):
+                runs.append(cmd)
+
+            def wait(self):
+                return 0
+
+        monkeypatch.setattr(pipe.subprocess, "Popen", Recorder)
+        args = pipe.parse_args(["--preset", preset, *flags])
+        run = tmp_path / preset
+        (run / "iter_000").mkdir(parents=True)
+        pipe.train(dict(pipe.settings(args), iterations=1), args, "harness-scaling", run, 0, tmp_path / "t.jsonl", [])
+        cmd05 = [str(c) for c in runs[-1]]
+        assert cmd05[1] == "05_train.py"
+        for flag, value in expect.items():
+            assert cmd05[cmd05.index(flag) + 1] == value, (preset, flag, cmd05)
+        assert ("--micro-batch-tokens" in cmd05) == (preset == "gpu")
+    for bad in (["--lr", "0"], ["--lr", "nan"], ["--ppo-epochs", "0"]):
+        try:
+            pipe.settings(pipe.parse_args(bad))
+            raise AssertionError(f"{bad} accepted")
+        except SystemExit as e:
+            assert e.code == 2 and bad[0] in capsys.readouterr().err
