@@ -145,16 +145,16 @@ def fail(msg):
 
 
 def write_atomic(path, text):
-    """Write a temporary file in the same folder, flush it to disk, then rename it over `path`: a reader never sees
-    half a file, and an interrupted write leaves no .tmp behind."""
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)

@@ -101,6 +101,12 @@ def parse_args(argv=None):
                    help="oa: the orthogonal array (the paper's); random: the same number of "
                         "configurations drawn uniformly (the Random-18 ablation); single: the one harness "
                         "--harness; one-factor: the base and its one-factor-at-a-time variants (the warm start's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random draw (method random and the comparison)")
+    p.add_argument("--design", default=None,
+                   help="use this array instead of constructing one (JSON list of rows or a CSV / "
+                        "whitespace table; 0-based levels in component order); verified before use")
+    p.add_argument("--n", type=int, default=None,
+                   help="method random only: how many configurations to draw (default: the OA's size)")
     p.add_argument("--harness", default=None,
                    help="method single: its harness id, in the space or in --external (default: the base "
                         f"{BASE})")
@@ -113,12 +119,6 @@ def parse_args(argv=None):
                    help="eval-set: harness files (JSONL, harness_id) whose harnesses the set leaves out: every "
                         "method's training set and the warm start's")
     p.add_argument("--out", default=None, metavar="FILE", help="eval-set: the file to write")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random draw (method random and the comparison)")
-    p.add_argument("--design", default=None,
-                   help="use this array instead of constructing one (JSON list of rows or a CSV / "
-                        "whitespace table; 0-based levels in component order); verified before use")
-    p.add_argument("--n", type=int, default=None,
-                   help="method random only: how many configurations to draw (default: the OA's size)")
     return p.parse_args(argv)
 
 
@@ -135,16 +135,16 @@ def fail(msg):
 
 
 def write_atomic(path, text):
-    """Write a temporary file in the same folder, flush it to disk, then rename it over `path`: a reader never sees
-    half a file, and an interrupted write leaves no .tmp behind."""
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)

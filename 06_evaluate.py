@@ -91,16 +91,16 @@ def fail(msg):
 
 
 def write_atomic(path, text):
-    """Write a temporary file in the same folder, flush it to disk, then rename it over `path`: a reader never sees
-    half a file, and an interrupted write leaves no .tmp behind."""
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
@@ -347,7 +347,6 @@ def make_rollouts(args, run, policy, out_dir, ids, want, splits):
         split_tasks = tasks
         if name == "smolagents" and args.smolagents_tasks:
             split_tasks = out_dir / "smolagents_tasks.jsonl"
-            out_dir.mkdir(parents=True, exist_ok=True)
             write_atomic(split_tasks, "".join(json.dumps(r) + "\n" for r in read_jsonl(tasks)[:args.smolagents_tasks]))
         cmd = [sys.executable, str(HERE / "04_rollout.py"), "--run", str(run), "--eval",
                "--policy", str(policy), "--harnesses", spec, "--tasks", str(split_tasks),
@@ -379,7 +378,6 @@ def tasks_file(args, out_dir):
         return Path(args.tasks)
     rows = read_jsonl(args.tasks, required=("task_id",))[: args.max_tasks]
     path = out_dir / "tasks.jsonl"
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     return path
 

@@ -10,8 +10,9 @@ what each method spent (rollout episodes, minibatches, optimizer steps, wall tim
     python compare.py runs/default runs/single-harness
     python compare.py base=runs/exp/base/eval/final \
         oa=runs/exp/oa-s0/eval/final,runs/exp/oa-s1/eval/final --reference base --out runs/exp/comparison
-    python compare.py untrained=runs/exp/warm-start/eval/untrained harness-scaling=runs/exp/harness-scaling/eval/\
-harness-scaling --reference harness-scaling --experiment runs/exp --out runs/exp/comparison    # as pipeline.py
+    python compare.py warm-start=runs/exp/warm-start/eval/warm-start \
+        harness-scaling=runs/exp/harness-scaling/eval/harness-scaling --reference harness-scaling \
+        --experiment runs/exp --out runs/exp/comparison      # as pipeline.py calls it: + the compute table
 
 ITEM: RUN (one row per label of its eval_summary.json) or [NAME=]EVALDIR[,EVALDIR...] (RUN/eval/LABEL folders;
 several = seed replicates of one method, one row: a pair's success is its mean over samples, then replicates).
@@ -72,16 +73,16 @@ def fail(msg):
 
 
 def write_atomic(path, text):
-    """Write a temporary file in the same folder, flush it to disk, then rename it over `path`: a reader never sees
-    half a file, and an interrupted write leaves no .tmp behind."""
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
@@ -356,7 +357,6 @@ def compare(args):
         md += compute_markdown(report["compute"])
     print(md)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(f"{args.out}.md", md)
         write_atomic(f"{args.out}.json", json.dumps(report, indent=2))  # last: a pipeline's done marker
         print(f"[compare] wrote {args.out}.md and {args.out}.json")
