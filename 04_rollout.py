@@ -987,13 +987,19 @@ def eval_jobs(args, tasks):
     return jobs, Path(args.out)
 
 
-def load_smolagents():
-    """The smolagents bridge (smolagents_harness.py beside this file), imported only when asked for."""
+def run_smolagents(args, tasks, policy, backend, tok, positions):
+    """The episodes inside smolagents (smolagents_harness.py beside this file, imported only when asked for). The
+    bridge gets this file's environment as plain functions and data, and its bad input becomes ours."""
     try:
-        import smolagents_harness
+        import smolagents_harness as bridge
     except ImportError as e:
         raise InputError(f"--harnesses smolagents: {e} (pip install 'smolagents>=1.20,<1.27')")
-    return smolagents_harness
+    env = bridge.Environment(workspace=Workspace, score=score, check_results=check_results, max_arg=MAX_ARG)
+    try:
+        return bridge.run_smolagents_episodes(env, tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
+                                              args.temperature, args.samples, positions=positions)
+    except bridge.BridgeError as e:
+        raise InputError(str(e))
 
 
 # ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
@@ -1129,15 +1135,8 @@ def run_stage(args):
         backend = (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args)
     seed_everything(args.seed)
     start = time.perf_counter()
-    if smolagents:  # the bridge gets this file's environment as plain functions and data, not this module
-        bridge = load_smolagents()
-        env = bridge.Environment(workspace=Workspace, score=score, check_results=check_results, max_arg=MAX_ARG)
-        try:
-            records = bridge.run_smolagents_episodes(env, tasks, policy, backend, tok, args.max_turns,
-                                                     args.max_new_tokens, args.temperature, args.samples,
-                                                     positions=positions)
-        except bridge.BridgeError as e:
-            raise InputError(str(e))
+    if smolagents:
+        records = run_smolagents(args, tasks, policy, backend, tok, positions)
     else:
         records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
                                args.temperature)
