@@ -124,7 +124,59 @@ W = [
 
 COMPONENTS = {"S": S, "T": T, "O": O, "C": C, "W": W}
 
-# ---- input checking (kept apart from the space itself): the schema of a realisation, field -> (kind, required).
+# ---------------------------------------------------------------------------------------
+# Args
+# ---------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Stage 01: build the harness space H = S x T x O x C x W.")
+    p.add_argument("--run", default="runs/default", help="run folder to write into (created if missing)")
+    p.add_argument("--components", default=None,
+                   help="optional JSON file with your own realisations, in the format of the "
+                        "components.json this stage writes (default: the realisations embedded here)")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers (repeated in each stage on purpose)
+# ---------------------------------------------------------------------------------------
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def write_atomic(path, text):
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def jsonl_text(records):
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
+def harness_id(levels, order=ORDER):
+    """{"S":0,"T":2,"O":1,"C":0,"W":1} -> "S0-T2-O1-C0-W1"."""
+    return "-".join(f"{c}{levels[c]}" for c in order)
+
+
+def hamming(levels_a, levels_b, order=ORDER):
+    """Hamming distance between two configurations (dicts component -> level)."""
+    # d_H(h_i, h_j) = sum over components c in {S,T,O,C,W} of 1[h_i^c != h_j^c]
+    return sum(levels_a[c] != levels_b[c] for c in order)
+
+
+# ---- input checking ----
+# The schema of a realisation, field -> (kind, required), checked before the space is built.
 # Every realisation carries "id" and "desc" besides; 04 checks the same table on harness records. The optional
 # fields are the out-of-space extras 04 understands (data/external_harnesses.json).
 SCHEMA = {
@@ -151,50 +203,6 @@ REQUIRED_FIELDS = {c: [f for f, (_, required) in fields.items() if required] for
 CANONICAL_TOOLS = {"list_files": [], "read_file": ["path"], "search": ["query"],
                    "write_file": ["path", "content"], "calculator": ["expression"],
                    "submit": ["answer"]}
-
-
-# ---------------------------------------------------------------------------------------
-# Args
-# ---------------------------------------------------------------------------------------
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Stage 01: build the harness space H = S x T x O x C x W.")
-    p.add_argument("--run", default="runs/default", help="run folder to write into (created if missing)")
-    p.add_argument("--components", default=None,
-                   help="optional JSON file with your own realisations, in the format of the "
-                        "components.json this stage writes (default: the realisations embedded here)")
-    return p.parse_args(argv)
-
-
-# ---------------------------------------------------------------------------------------
-# Helpers (repeated in each stage on purpose)
-# ---------------------------------------------------------------------------------------
-def fail(msg):
-    """Bad input: one clear message on stderr, exit status 2, nothing written."""
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def atomic_write_text(path, text):
-    """Write to <path>.tmp, then rename, so a reader never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def jsonl_text(records):
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-
-
-def harness_id(levels, order=ORDER):
-    """{"S":0,"T":2,"O":1,"C":0,"W":1} -> "S0-T2-O1-C0-W1"."""
-    return "-".join(f"{c}{levels[c]}" for c in order)
-
-
-def hamming(levels_a, levels_b, order=ORDER):
-    """Hamming distance between two configurations (dicts component -> level)."""
-    # d_H(h_i, h_j) = sum over components c in {S,T,O,C,W} of 1[h_i^c != h_j^c]
-    return sum(levels_a[c] != levels_b[c] for c in order)
 
 
 def validate_components(components, source):
@@ -291,6 +299,7 @@ def load_components(path):
     return data["components"]
 
 
+# ---- the algorithm ----
 def build_space(components, order=ORDER):
     """The full product: one record per configuration, in lexicographic level order."""
     # H = S x T x O x C x W
@@ -406,10 +415,10 @@ def run_stage(args):
     config = {"stage": "01_harness_space", "args": vars(args), "order": ORDER,
               "realisations_per_component": dict(zip(ORDER, sizes)), "space_size": len(space),
               "configs_by_distance_from_base": by_distance}
-    atomic_write_text(run / "components.json",
-                      json.dumps({"order": ORDER, "components": components}, indent=1, ensure_ascii=False) + "\n")
-    atomic_write_text(run / "01_harness_space_config.json", json.dumps(config, indent=1) + "\n")
-    atomic_write_text(run / "harness_space.jsonl", jsonl_text(space))  # last: its presence means 01 finished
+    write_atomic(run / "components.json",
+                 json.dumps({"order": ORDER, "components": components}, indent=1, ensure_ascii=False) + "\n")
+    write_atomic(run / "01_harness_space_config.json", json.dumps(config, indent=1) + "\n")
+    write_atomic(run / "harness_space.jsonl", jsonl_text(space))  # last: its presence means 01 finished
 
     print_table(components)
     print()

@@ -19,13 +19,29 @@ Any other pattern stops with the Rao bound and the divisibility condition; then 
 given, goes through the strength-2 verifier before use. `--method random` draws the same
 number of configurations uniformly (the paper's Random-18 ablation) for comparison.
 
+This stage writes every harness set of the project, so the baselines' sets come from here too:
+  - `--method single --harness ID`: one training harness, a configuration of the space (the base
+    S0-T0-O0-C0-W0: single-harness RL) or an out-of-space harness of --external (X-shell: the
+    black-box baselines); everything in the space but it is held out;
+  - `--method one-factor`: the base and its one-factor-at-a-time variants (Hamming distance <= 1,
+    11 configurations): the warm start's harnesses;
+  - `--eval-set N --out FILE`: an experiment's shared In-Space evaluation set, a level-shifted copy
+    of the run's OA (itself strength 2), disjoint from every --exclude file's harnesses.
+
 Reads  RUN/components.json, RUN/harness_space.jsonl                    (stage 01)
 Writes RUN/train_harnesses.jsonl, RUN/heldout_harnesses.jsonl, RUN/02_orthogonal_design_config.json
+       --eval-set: only FILE (it reads RUN/train_harnesses.jsonl, the OA it shifts)
 
 Commands:
     python 02_orthogonal_design.py --run runs/default                       # L18, 18 configs
     python 02_orthogonal_design.py --run runs/random18 --method random --seed 1
     python 02_orthogonal_design.py --run runs/mine --design my_oa.csv       # your own array
+    python 02_orthogonal_design.py --run runs/single --method single        # H_tr = {S0-T0-O0-C0-W0}
+    python 02_orthogonal_design.py --run runs/bb --method single --harness X-shell   # black-box baselines
+    python 02_orthogonal_design.py --run runs/exp/warm-start --method one-factor
+    python 02_orthogonal_design.py --run runs/exp/harness-scaling --eval-set 6 \
+        --exclude runs/exp/single/train_harnesses.jsonl,runs/exp/warm-start/train_harnesses.jsonl \
+        --out runs/exp/eval_harnesses.jsonl
 A design file has one row per training configuration, one 0-based level per component in
 the order S,T,O,C,W: a JSON list of rows, or a CSV / whitespace table (an optional header line
 "S,T,O,C,W", '#' comments). A table whose levels are all 1-based (no 0 anywhere) is shifted.
@@ -71,6 +87,8 @@ L18 = [
 # Which L18 columns k three-level components use: the first k of this list. Columns 2-6
 # (0-based) have the least aliasing of main effects with two-factor interactions.
 L18_COLUMNS = [2, 3, 4, 5, 6, 7, 1]
+HERE = Path(__file__).resolve().parent
+BASE = "S0-T0-O0-C0-W0"  # the base harness: realisation 0 of every component
 
 
 # ---------------------------------------------------------------------------------------
@@ -79,15 +97,28 @@ L18_COLUMNS = [2, 3, 4, 5, 6, 7, 1]
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Stage 02: strength-2 orthogonal design -> train / held-out harnesses.")
     p.add_argument("--run", default="runs/default", help="run folder (reads stage 01's files, writes here)")
-    p.add_argument("--method", default="oa", choices=["oa", "random"],
+    p.add_argument("--method", default="oa", choices=["oa", "random", "single", "one-factor"],
                    help="oa: the orthogonal array (the paper's); random: the same number of "
-                        "configurations drawn uniformly (the Random-18 ablation)")
+                        "configurations drawn uniformly (the Random-18 ablation); single: the one harness "
+                        "--harness; one-factor: the base and its one-factor-at-a-time variants (the warm start's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random draw (method random and the comparison)")
     p.add_argument("--design", default=None,
                    help="use this array instead of constructing one (JSON list of rows or a CSV / "
                         "whitespace table; 0-based levels in component order); verified before use")
     p.add_argument("--n", type=int, default=None,
                    help="method random only: how many configurations to draw (default: the OA's size)")
+    p.add_argument("--harness", default=None,
+                   help="method single: its harness id, in the space or in --external (default: the base "
+                        f"{BASE})")
+    p.add_argument("--external", default=str(HERE / "data" / "external_harnesses.json"),
+                   help="method single: the out-of-space harnesses (a JSON list of harness records)")
+    p.add_argument("--eval-set", type=int, default=None, metavar="N",
+                   help="write only an experiment's shared In-Space evaluation set of N harnesses to --out: a "
+                        "level-shifted copy of RUN's training set (the OA), disjoint from it and from --exclude")
+    p.add_argument("--exclude", default="", metavar="FILE[,FILE...]",
+                   help="eval-set: harness files (JSONL, harness_id) whose harnesses the set leaves out: every "
+                        "method's training set and the warm start's")
+    p.add_argument("--out", default=None, metavar="FILE", help="eval-set: the file to write")
     return p.parse_args(argv)
 
 
@@ -99,16 +130,23 @@ class DesignError(ValueError):
 
 
 def fail(msg):
-    """Bad input: one clear message on stderr, exit status 2, nothing written."""
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def atomic_write_text(path, text):
-    """Write to <path>.tmp, then rename, so a reader never sees half a file."""
+def write_atomic(path, text):
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -139,6 +177,9 @@ def lone_surrogate(x, field=""):
     return None
 
 
+# ---- input checking ----
+# Every file and flag is checked here, before anything is computed or written: bad input stops with one line
+# naming the file, the line and the field (exit 2), and the run folder is left as it was.
 def read_jsonl(path):
     """[(line number, record)] of a JSONL file; stops on the first malformed line."""
     path = Path(path)
@@ -197,6 +238,95 @@ def load_run(run):
     return order, levels, space
 
 
+def read_design(path, levels, names):
+    """A user's array: JSON list of rows, or a CSV / whitespace table. Returns rows of 0-based levels."""
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found")
+    text = read_utf8(path)
+    entries = []                                   # (where, row)
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            fail(f"{path}, line {e.lineno}: malformed JSON ({e.msg})")
+        entries = [(f"row {i + 1}", row) for i, row in enumerate(data)]
+    else:
+        for n, line in enumerate(text.splitlines(), start=1):
+            tokens = line.split("#")[0].replace(",", " ").split()
+            if not tokens or (not entries and tokens == names):
+                continue
+            try:
+                entries.append((f"line {n}", [int(t) for t in tokens]))
+            except ValueError:
+                fail(f"{path}, line {n}: expected {len(names)} integer levels, got {line.strip()!r}")
+    if not entries:
+        fail(f"{path}: no rows")
+    for where, row in entries:
+        if not isinstance(row, list) or len(row) != len(names) or not all(isinstance(v, int) for v in row):
+            fail(f"{path}, {where}: expected {len(names)} integer levels (one per component {names}), got {row!r}")
+    if all(v >= 1 for _, row in entries for v in row) and \
+            all(v <= s for _, row in entries for v, s in zip(row, levels)):
+        print(f"note: {path} has no level 0, read as 1-based levels (shifted down by one)")
+        entries = [(where, [v - 1 for v in row]) for where, row in entries]
+    first_seen = {}
+    for where, row in entries:
+        for v, s, c in zip(row, levels, names):
+            if not 0 <= v < s:
+                fail(f"{path}, {where}: column {c}: level {v} is out of range 0..{s - 1}")
+        if tuple(row) in first_seen:
+            fail(f"{path}, {where}: repeats {first_seen[tuple(row)]} (a training set holds each configuration once)")
+        first_seen[tuple(row)] = where
+    return [row for _, row in entries]
+
+
+def read_ids(path):
+    """[(line number, harness id)] of a harness file (JSONL records with a string field harness_id)."""
+    out = []
+    for n, rec in read_jsonl(path):
+        if not isinstance(rec.get("harness_id"), str):
+            fail(f"{path}, line {n}: field 'harness_id' is missing or not a string")
+        out.append((n, rec["harness_id"]))
+    return out
+
+
+def read_external(path):
+    """{harness id: record} of the out-of-space harnesses (a JSON list of harness records, or one record)."""
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found")
+    try:
+        data = json.loads(read_utf8(path))
+    except json.JSONDecodeError as e:
+        fail(f"{path}, line {e.lineno}: malformed JSON ({e.msg})")
+    out = {}
+    for i, rec in enumerate(data if isinstance(data, list) else [data], start=1):
+        if not isinstance(rec, dict) or not isinstance(rec.get("harness_id"), str):
+            fail(f"{path}, entry {i}: field 'harness_id' is missing or not a string")
+        field = lone_surrogate(rec)
+        if field:
+            fail(f"{path}, entry {i}: field '{field}': a lone UTF-16 surrogate (e.g. \\ud800) is not text")
+        out[rec["harness_id"]] = rec
+    return out
+
+
+def check_flags(args):
+    """Which flags go together."""
+    if args.n is not None and (args.method != "random" or args.n < 1):
+        fail(f"--n {args.n}: only with --method random, and at least 1")
+    if args.harness is not None and args.method != "single":
+        fail(f"--harness {args.harness}: only with --method single")
+    if args.design and args.method not in ("oa", "random"):
+        fail(f"--design: only with --method oa or random, not {args.method}")
+    if args.eval_set is None and (args.exclude or args.out):
+        fail("--exclude and --out go with --eval-set N")
+    if args.eval_set is not None and (args.eval_set < 1 or not args.out):
+        fail(f"--eval-set {args.eval_set}: needs N >= 1 and --out FILE")
+    if args.eval_set is not None and (args.method != "oa" or args.design or args.harness):
+        fail("--eval-set writes only the evaluation set: no --method, --design or --harness with it")
+
+
+# ---- the algorithm ----
 # ---------------------------------------------------------------------------------------
 # Bounds
 # ---------------------------------------------------------------------------------------
@@ -289,48 +419,6 @@ def construct_oa(levels, names):
     return name, rows
 
 
-def read_design(path, levels, names):
-    """A user's array: JSON list of rows, or a CSV / whitespace table. Returns rows of 0-based levels."""
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found")
-    text = read_utf8(path)
-    entries = []                                   # (where, row)
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            fail(f"{path}, line {e.lineno}: malformed JSON ({e.msg})")
-        entries = [(f"row {i + 1}", row) for i, row in enumerate(data)]
-    else:
-        for n, line in enumerate(text.splitlines(), start=1):
-            tokens = line.split("#")[0].replace(",", " ").split()
-            if not tokens or (not entries and tokens == names):
-                continue
-            try:
-                entries.append((f"line {n}", [int(t) for t in tokens]))
-            except ValueError:
-                fail(f"{path}, line {n}: expected {len(names)} integer levels, got {line.strip()!r}")
-    if not entries:
-        fail(f"{path}: no rows")
-    for where, row in entries:
-        if not isinstance(row, list) or len(row) != len(names) or not all(isinstance(v, int) for v in row):
-            fail(f"{path}, {where}: expected {len(names)} integer levels (one per component {names}), got {row!r}")
-    if all(v >= 1 for _, row in entries for v in row) and \
-            all(v <= s for _, row in entries for v, s in zip(row, levels)):
-        print(f"note: {path} has no level 0, read as 1-based levels (shifted down by one)")
-        entries = [(where, [v - 1 for v in row]) for where, row in entries]
-    first_seen = {}
-    for where, row in entries:
-        for v, s, c in zip(row, levels, names):
-            if not 0 <= v < s:
-                fail(f"{path}, {where}: column {c}: level {v} is out of range 0..{s - 1}")
-        if tuple(row) in first_seen:
-            fail(f"{path}, {where}: repeats {first_seen[tuple(row)]} (a training set holds each configuration once)")
-        first_seen[tuple(row)] = where
-    return [row for _, row in entries]
-
-
 # ---------------------------------------------------------------------------------------
 # The verifier
 # ---------------------------------------------------------------------------------------
@@ -393,6 +481,36 @@ def print_comparison(columns):
     print((f"{'':<32}" + "".join(f"{t:<{width}}" for t, _ in columns)).rstrip())
     for label, fn in lines:
         print((f"{label:<32}" + "".join(f"{fn(r):<{width}}" for _, r in columns)).rstrip())
+
+
+# ---------------------------------------------------------------------------------------
+# The other harness sets: one harness, the warm start's, an experiment's evaluation set
+# ---------------------------------------------------------------------------------------
+def one_factor_ids(space):
+    """The base harness and its one-factor-at-a-time variants: the configurations at Hamming distance <= 1."""
+    return [h["harness_id"] for h in space if sum(v != 0 for v in h["levels"].values()) <= 1]
+
+
+def shared_eval_set(space, oa_ids, exclude, n):
+    """The experiment's In-Space evaluation set: a level-shifted copy of the OA (adding a constant to a column
+    mod s only renames its levels, so the copy is itself strength 2), the shift that leaves the most rows
+    outside `exclude`; then, if n is smaller, the n rows whose levels are most balanced (first in order)."""
+    comps = list(space[0]["levels"])
+    sizes = [1 + max(h["levels"][c] for h in space) for c in comps]
+    by_key = {tuple(h["levels"][c] for c in comps): h for h in space}
+    oa = [tuple(h["levels"][c] for c in comps) for h in space if h["harness_id"] in oa_ids]
+    best = []
+    for shift in itertools.product(*map(range, sizes)):
+        rows = [by_key[tuple((x + d) % s for x, d, s in zip(r, shift, sizes))] for r in oa]
+        rows = [h for h in rows if h["harness_id"] not in exclude]
+        best = rows if len(rows) > len(best) else best
+
+    def imbalance(rows):  # sum over components of (most - least frequent level count)
+        return sum(max(cnt) - min(cnt) for c, s in zip(comps, sizes)
+                   for cnt in [[sum(h["levels"][c] == v for h in rows) for v in range(s)]])
+    if n < len(best):
+        best = list(min(itertools.combinations(best, n), key=imbalance))
+    return sorted(best, key=lambda h: h["harness_id"])
 
 
 # ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
@@ -465,17 +583,45 @@ def locked(path):
 # ---------------------------------------------------------------------------------------
 def main(argv=None):
     args = parse_args(argv)
-    with locked(Path(args.run) / "run.lock"):  # one writer per run folder
+    writes_to = Path(args.out).parent if args.eval_set is not None and args.out else Path(args.run)
+    with locked(writes_to / "run.lock"):  # one writer per folder
         return run_stage(args)
 
 
 def run_stage(args):
     run = Path(args.run)
-    if args.n is not None and (args.method != "random" or args.n < 1):
-        fail(f"--n {args.n}: only with --method random, and at least 1")
+    check_flags(args)
     order, levels, space = load_run(run)
-    by_key = {tuple(h["levels"][c] for c in order): h for h in space}
+    if args.eval_set is not None:
+        return write_eval_set(args, run, space)
+    if args.method == "single":
+        train, oa_name, reports = [single_harness(args, run, space)], None, {}
+    elif args.method == "one-factor":
+        ids = set(one_factor_ids(space))
+        train, oa_name, reports = [h for h in space if h["harness_id"] in ids], None, {}
+        print(f"space: {len(space)} configurations; H_tr: the base and its one-factor-at-a-time variants")
+    else:
+        train, oa_name, reports = designed_set(args, order, levels, space)
 
+    # H_tr and H \ H_tr (an out-of-space training harness leaves the whole space held out)
+    train_ids = {h["harness_id"] for h in train}
+    heldout = [h for h in space if h["harness_id"] not in train_ids]
+    config = {"stage": "02_orthogonal_design", "args": vars(args), "order": order, "levels": levels,
+              "method": args.method, "oa_construction": oa_name, "n_train": len(train),
+              "n_heldout": len(heldout), "train_harness_ids": [h["harness_id"] for h in train], **reports}
+    outputs = {"heldout_harnesses.jsonl": jsonl_text(heldout),  # train_harnesses.jsonl last: it marks 02 done
+               "02_orthogonal_design_config.json": json.dumps(config, indent=1) + "\n",
+               "train_harnesses.jsonl": jsonl_text(train)}
+    for name, text in outputs.items():
+        write_atomic(run / name, text)
+    print(f"H_tr: {len(train)} configurations ({args.method}), held out: {len(heldout)}; wrote "
+          + ", ".join(str(run / name) for name in outputs))
+
+
+def designed_set(args, order, levels, space):
+    """--method oa / random: the OA (the user's --design, or constructed; verified either way) and the random
+    baseline of the same size, both reported; -> (H_tr records, the OA's name, the reports for the config)."""
+    by_key = {tuple(h["levels"][c] for c in order): h for h in space}
     # 1. The orthogonal array: the user's (--design) or constructed; verified either way.
     oa_rows, oa_name = None, None
     if args.design:
@@ -503,12 +649,8 @@ def run_stage(args):
     random_rows = [list(key) for key in rng.sample(sorted(by_key), n)]
     random_report = check_design(random_rows, levels, order)
 
-    # 3. Report, then write H_tr and H \ H_tr.
+    # 3. Report the chosen H_tr.
     train_rows = oa_rows if args.method == "oa" else random_rows
-    train = [by_key[tuple(r)] for r in train_rows]
-    train_ids = {h["harness_id"] for h in train}
-    heldout = [h for h in space if h["harness_id"] not in train_ids]
-
     print(f"space: {len(space)} configurations, levels " + " x ".join(f"{c}:{s}" for c, s in zip(order, levels)))
     print(f"orthogonal array: {oa_name or 'none constructed'}")
     columns = ([(f"OA ({len(oa_rows)} runs)", oa_report)] if oa_report else []) + \
@@ -525,19 +667,48 @@ def run_stage(args):
           + "  ".join(f"{c}:{'/'.join(map(str, counts))}" for c, counts in chosen["balance"].items()))
     for msg in ([] if chosen["strength2_ok"] else chosen["failures"][:3]):
         print(f"  unbalanced: {msg}")
+    reports = {"oa_report": oa_report, "random_report": random_report, "expected_random_coverage": expected,
+               "smallest_possible_n": lower}
+    return [by_key[tuple(r)] for r in train_rows], oa_name, reports
 
-    config = {"stage": "02_orthogonal_design", "args": vars(args), "order": order, "levels": levels,
-              "method": args.method, "oa_construction": oa_name, "n_train": len(train),
-              "n_heldout": len(heldout), "train_harness_ids": [h["harness_id"] for h in train],
-              "oa_report": oa_report, "random_report": random_report,
-              "expected_random_coverage": expected, "smallest_possible_n": lower}
-    outputs = {"heldout_harnesses.jsonl": jsonl_text(heldout),  # train_harnesses.jsonl last: it marks 02 done
-               "02_orthogonal_design_config.json": json.dumps(config, indent=1) + "\n",
-               "train_harnesses.jsonl": jsonl_text(train)}
-    for name, text in outputs.items():
-        atomic_write_text(run / name, text)
-    print(f"H_tr: {len(train)} configurations ({args.method}), held out: {len(heldout)}; wrote "
-          + ", ".join(str(run / name) for name in outputs))
+
+def single_harness(args, run, space):
+    """--method single: the record of --harness, a configuration of the space (the base: single-harness RL) or an
+    out-of-space harness of --external (X-shell: the black-box baselines train inside it)."""
+    hid = args.harness or BASE
+    found = {h["harness_id"]: h for h in space}.get(hid) or read_external(args.external).get(hid)
+    if found is None:
+        fail(f"--harness {hid}: neither a configuration of {run / 'harness_space.jsonl'} nor a harness of "
+             f"{args.external}")
+    print(f"space: {len(space)} configurations; H_tr: {hid} alone")
+    return found
+
+
+def write_eval_set(args, run, space):
+    """--eval-set N: the experiment's shared In-Space set, from RUN's OA (its train_harnesses.jsonl), disjoint
+    from it and from every --exclude file; written once: a second call that would change it is refused."""
+    in_space = {h["harness_id"] for h in space}
+    oa_path = run / "train_harnesses.jsonl"
+    oa_ids = set()
+    for n, hid in read_ids(oa_path):
+        if hid not in in_space:
+            fail(f"{oa_path}, line {n}: field 'harness_id': {hid} is not a configuration of the space (the "
+                 "evaluation set shifts an in-space training set, the OA)")
+        oa_ids.add(hid)
+    exclude = set(oa_ids)
+    for path in filter(None, args.exclude.split(",")):
+        exclude |= {hid for _, hid in read_ids(path)}
+    out = Path(args.out)
+    old = [hid for _, hid in read_ids(out)] if out.is_file() else None
+    rows = shared_eval_set(space, oa_ids, exclude, args.eval_set)
+    if old is not None and old != [h["harness_id"] for h in rows]:
+        fail(f"{out}: the evaluation set would change (the training sets changed?); delete it or choose another "
+             "--out")
+    if old is None:
+        write_atomic(out, jsonl_text(rows))
+    print(f"evaluation set: {len(rows)} in-space harnesses, a level-shifted copy of {oa_path} outside "
+          f"{len(exclude)} excluded ones: {' '.join(h['harness_id'] for h in rows)}; "
+          + (f"wrote {out}" if old is None else f"{out} unchanged"))
 
 
 if __name__ == "__main__":

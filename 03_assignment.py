@@ -58,16 +58,23 @@ def parse_args(argv=None):
 # Helpers (repeated in each stage on purpose)
 # ---------------------------------------------------------------------------------------
 def fail(msg):
-    """Bad input: one clear message on stderr, exit status 2, nothing written."""
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def atomic_write_text(path, text):
-    """Write to <path>.tmp, then rename, so a reader never sees half a file."""
+def write_atomic(path, text):
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -75,6 +82,22 @@ def jsonl_text(records):
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
 
+def hamming(levels_a, levels_b):
+    """Hamming distance between two configurations (dicts component -> level); None if one has no levels."""
+    if levels_a is None or levels_b is None:
+        return None
+    # d_H(h_i, h_j) = sum over components c in {S,T,O,C,W} of 1[h_i^c != h_j^c]
+    return sum(levels_a[c] != levels_b[c] for c in levels_a)
+
+
+def mean(values):
+    """Mean of a list; None if it is empty or holds an undefined (None) value."""
+    return None if not values or None in values else sum(values) / len(values)
+
+
+# ---- input checking ----
+# Every file and flag is checked before anything is computed or written: bad input stops with one line naming
+# the file, the line and the field (exit 2), and the run folder is left as it was.
 def read_utf8(path):
     """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
     data = Path(path).read_bytes()
@@ -120,19 +143,6 @@ def read_jsonl(path, hint=""):
     return out
 
 
-def hamming(levels_a, levels_b):
-    """Hamming distance between two configurations (dicts component -> level); None if one has no levels."""
-    if levels_a is None or levels_b is None:
-        return None
-    # d_H(h_i, h_j) = sum over components c in {S,T,O,C,W} of 1[h_i^c != h_j^c]
-    return sum(levels_a[c] != levels_b[c] for c in levels_a)
-
-
-def mean(values):
-    """Mean of a list; None if it is empty or holds an undefined (None) value."""
-    return None if not values or None in values else sum(values) / len(values)
-
-
 def load_train(path, need_levels):
     """The training configurations: [(harness_id, levels or None)] in file order, checked.
     need_levels: every record must have levels (locality with K > 1 measures Hamming distances)."""
@@ -176,6 +186,7 @@ def load_task_ids(path):
     return ids
 
 
+# ---- the algorithm ----
 # ---------------------------------------------------------------------------------------
 # The assignment
 # ---------------------------------------------------------------------------------------
@@ -326,8 +337,8 @@ def run_stage(args):
               "usage": dict(sorted(used.items())), "anchor_usage": dict(sorted(anchors.items())),
               "mean_within_group_hamming": mean_within, "random_expected_within_group_hamming": random_expect,
               "mean_hamming_to_anchor": mean_to_anchor}
-    atomic_write_text(run / "03_assignment_config.json", json.dumps(config, indent=1) + "\n")
-    atomic_write_text(run / "assignment.jsonl", jsonl_text(records))  # last: its presence means 03 finished
+    write_atomic(run / "03_assignment_config.json", json.dumps(config, indent=1) + "\n")
+    write_atomic(run / "assignment.jsonl", jsonl_text(records))  # last: its presence means 03 finished
     print(f"wrote {run / 'assignment.jsonl'} ({len(records)} tasks), {run / '03_assignment_config.json'}")
 
 

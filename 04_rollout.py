@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # generation.py, beside this file: the hf and vllm backends (token ids in and out)
-from generation import (HFBackend, InputError, VLLMBackend, encode, extend_prompt, load_tokenizer,  # noqa: E402
+from generation import (BackendError, HFBackend, VLLMBackend, encode, extend_prompt, load_tokenizer,  # noqa: E402
                         max_positions)
 COMPONENTS = ["S", "T", "O", "C", "W"]
 SYNTAXES = ["hermes_json", "xml_invoke", "python_call", "shell", "react"]
@@ -95,7 +95,33 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-# ----------------------------------------------------------------------------- small helpers (repeated per stage)
+# ----------------------------------------------------------------------------- helpers (the same in every stage)
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def write_atomic(path, text):
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+class InputError(Exception):
+    """Bad input (a file, a record, a flag): main reports it with fail() (exit 2), nothing written. An exception, not
+    fail() itself, so that the lock is released on the way out and tests can catch it."""
+
+
 class ToolError(Exception):
     """A tool call that fails: becomes an error observation, never leaves the episode."""
 
@@ -105,6 +131,28 @@ def clip(s, n=MAX_ERR):
     return s if len(s) <= n else s[:n] + "..."
 
 
+def seed_everything(seed):
+    """random, numpy, torch (CPU and CUDA); vLLM gets the seed in LLM(seed=...) and per request."""
+    random.seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed)
+    if "torch" in sys.modules:  # imported only for a checkpoint policy, so the oracle stays fast
+        sys.modules["torch"].manual_seed(seed)
+
+
+def fill(template, **values):
+    """Replace {name} placeholders in one pass (text put in is never re-read, so braces in it are safe)."""
+    return re.sub(r"\{(\w+)\}", lambda m: str(values[m[1]]) if m[1] in values else m[0], template)
+
+
+def has_line(text, prefix):
+    """Does a line of `text` start with `prefix` (leading spaces allowed)?"""
+    return any(line.lstrip().startswith(prefix) for line in text.splitlines())
+
+
+# ---- input checking ----
+# Every input file (tasks, assignment, harness records) and flag is checked before an episode runs: bad input stops
+# with one line naming the file, the line and the field (InputError -> exit 2), and nothing is written.
 def read_text(path, what):
     """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
     if not Path(path).is_file():
@@ -129,38 +177,7 @@ def read_jsonl(path, what):
     return rows
 
 
-def write_atomic(path, text):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
-def seed_everything(seed):
-    """random, numpy, torch (CPU and CUDA); vLLM gets the seed in LLM(seed=...) and per request."""
-    random.seed(seed)
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed(seed)
-    if "torch" in sys.modules:  # imported only for a checkpoint policy, so the oracle stays fast
-        sys.modules["torch"].manual_seed(seed)
-
-
-def fill(template, **values):
-    """Replace {name} placeholders in one pass (text put in is never re-read, so braces in it are safe)."""
-    return re.sub(r"\{(\w+)\}", lambda m: str(values[m[1]]) if m[1] in values else m[0], template)
-
-
-def has_line(text, prefix):
-    """Does a line of `text` start with `prefix` (leading spaces allowed)?"""
-    return any(line.lstrip().startswith(prefix) for line in text.splitlines())
-
-
-# ----------------------------------------------------------------------------- input checking: text is data
+# ----------------------------------------------------------------------------- text is data
 # Model text is data. A model can type a lone UTF-16 surrogate in plain ASCII (`"\ud800"` in a JSON string or a
 # Python literal); such a str cannot be encoded as UTF-8 (writing the record fails) nor tokenized. Every string
 # that enters from a reply, a parsed call or a tool result goes through safe(): a lone surrogate becomes U+FFFD.
@@ -206,7 +223,7 @@ def check_text(record, where):
                          "is not text")
 
 
-# ----------------------------------------------------------------------------- tasks and checkers
+# ----------------------------------------------------------------------------- tasks
 def check_checker(c, where):
     need = {"answer_equals": ["value"], "file_equals": ["path", "value"], "file_contains": ["path", "value"],
             "all": ["checks"]}.get(c.get("type") if isinstance(c, dict) else None)
@@ -243,6 +260,97 @@ def load_tasks(path):
     return tasks
 
 
+# ----------------------------------------------------------------------------- harness records
+# The harness record's schema. What 04 reads from each component (01 writes it; README and
+# docs/robustness.md list the same table): field -> (kind, required). Optional fields fall back to the base's behaviour.
+HARNESS_SCHEMA = {
+    "S": {"template": ("text", True), "placement": (("system", "user"), False), "task_prefix": ("text or null", False)},
+    "T": {"syntax": (tuple(SYNTAXES), True), "tools": ("tools", True), "max_calls_per_turn": ("int >= 1", False),
+          "final_answer": ("text", False)},
+    "O": {"role": (("tool", "user"), True), "template": ("text", True), "error_template": ("text", True),
+          "max_chars": ("int >= 1", False), "truncate_marker": ("text or null", False),
+          "line_numbers": ("bool", False)},
+    "C": {"mode": (("full", "window", "elide"), True), "k": ("int >= 0 or null", False),
+          "elided_text": ("text or null", False)},
+    "W": {"rules": ("text or null", False), "plan_first": ("bool", False), "plan_prefix": ("text or null", False),
+          "reply_marker": ("text or null", False), "budget_reminder": ("text or null", False),
+          "verify_before_submit": ("bool", False), "verify_marker": ("text or null", False)},
+}
+KINDS = {  # kind -> (check, what the message says)
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "text or null": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "int >= 1": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
+    "int >= 0 or null": (lambda v: v is None or (type(v) is int and v >= 0), "an integer >= 0 or null"),
+    "tools": (lambda v: isinstance(v, dict), "an object canonical tool -> {name, args}"),
+}
+
+
+def check_field(value, kind):
+    """None if value is of this kind, else what it should be."""
+    if isinstance(kind, tuple):
+        return None if isinstance(value, str) and value in kind else f"one of {list(kind)}"
+    ok, want = KINDS[kind]
+    return None if ok(value) else want
+
+
+def validate_harness(h, where):
+    if not isinstance(h, dict) or not isinstance(h.get("harness_id"), str) or not h["harness_id"]:
+        raise InputError(f"{where}: field 'harness_id' missing")
+    check_text(h, where)
+    specs = h.get("specs")
+    if not isinstance(specs, dict) or any(not isinstance(specs.get(c), dict) for c in COMPONENTS):
+        raise InputError(f"{where}: field 'specs' must hold objects S, T, O, C, W")
+    for c, fields in HARNESS_SCHEMA.items():
+        for key, (kind, required) in fields.items():
+            if key not in specs[c] and not required:
+                continue
+            want = check_field(specs[c].get(key), kind)
+            if want:
+                value = specs[c].get(key, "(missing)")
+                raise InputError(f"{where}: field 'specs.{c}.{key}': {clip(json.dumps(value), 40)} is not {want}")
+    tools = specs["T"]["tools"]
+    for tool, t in tools.items():
+        args = t.get("args") if isinstance(t, dict) else None
+        if not (isinstance(args, dict) and tool in CANONICAL and isinstance(t.get("name"), str) and t["name"].strip()
+                and set(args) == set(CANONICAL[tool]) and all(isinstance(a, str) and a.strip() for a in args.values())):
+            raise InputError(f"{where}: field 'specs.T.tools.{clip(tool, 40)}': needs a canonical tool, a non-empty "
+                             f"name and 'args' mapping exactly {CANONICAL.get(tool, 'its args')} to non-empty names")
+    if "submit" not in tools:
+        raise InputError(f"{where}: field 'specs.T.tools': needs a submit tool")
+    return h
+
+
+def load_harness_file(path):
+    """A JSON object, a JSON list of objects, or JSONL; every record validated."""
+    text = read_text(path, "harness")
+    try:
+        data = json.loads(text)
+        rows = [(f"{path}[{i}]", h) for i, h in enumerate(data)] if isinstance(data, list) else [(str(path), data)]
+    except json.JSONDecodeError:
+        rows = [(f"{path}:{n}", h) for n, h in read_jsonl(path, "harness")]
+    return [validate_harness(h, where) for where, h in rows]
+
+
+def load_run_harnesses(run, name):
+    path = Path(run) / name
+    return [validate_harness(h, f"{path}:{n}") for n, h in read_jsonl(path, "harness")]
+
+
+def harness_pool(run, names, pool=()):
+    """{harness_id: record} from `pool` then every file of `names` that exists in the run folder."""
+    pool = {h["harness_id"]: h for h in pool}
+    for name in names:
+        if (Path(run) / name).is_file():
+            pool.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
+    return pool
+
+
+EXTERNAL_HARNESSES = load_harness_file(HERE / "data" / "external_harnesses.json")  # --harnesses external
+
+
+# ---- the algorithm ----
+# ----------------------------------------------------------------------------- the verifier
 def normalise(s):
     s = " ".join(str(s).strip().lower().split()).strip("'\"`").rstrip(".")
     try:
@@ -369,95 +477,6 @@ class Workspace:
             return calculate(args["expression"])
         self.answer = args["answer"]  # submit
         return "submitted"
-
-
-# ----------------------------------------------------------------------------- harness records
-# ---- input checking: the harness record's schema. What 04 reads from each component (01 writes it; README and
-# docs/robustness.md list the same table): field -> (kind, required). Optional fields fall back to the base's behaviour.
-HARNESS_SCHEMA = {
-    "S": {"template": ("text", True), "placement": (("system", "user"), False), "task_prefix": ("text or null", False)},
-    "T": {"syntax": (tuple(SYNTAXES), True), "tools": ("tools", True), "max_calls_per_turn": ("int >= 1", False),
-          "final_answer": ("text", False)},
-    "O": {"role": (("tool", "user"), True), "template": ("text", True), "error_template": ("text", True),
-          "max_chars": ("int >= 1", False), "truncate_marker": ("text or null", False),
-          "line_numbers": ("bool", False)},
-    "C": {"mode": (("full", "window", "elide"), True), "k": ("int >= 0 or null", False),
-          "elided_text": ("text or null", False)},
-    "W": {"rules": ("text or null", False), "plan_first": ("bool", False), "plan_prefix": ("text or null", False),
-          "reply_marker": ("text or null", False), "budget_reminder": ("text or null", False),
-          "verify_before_submit": ("bool", False), "verify_marker": ("text or null", False)},
-}
-KINDS = {  # kind -> (check, what the message says)
-    "text": (lambda v: isinstance(v, str), "a string"),
-    "text or null": (lambda v: v is None or isinstance(v, str), "a string or null"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "int >= 1": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
-    "int >= 0 or null": (lambda v: v is None or (type(v) is int and v >= 0), "an integer >= 0 or null"),
-    "tools": (lambda v: isinstance(v, dict), "an object canonical tool -> {name, args}"),
-}
-
-
-def check_field(value, kind):
-    """None if value is of this kind, else what it should be."""
-    if isinstance(kind, tuple):
-        return None if isinstance(value, str) and value in kind else f"one of {list(kind)}"
-    ok, want = KINDS[kind]
-    return None if ok(value) else want
-
-
-def validate_harness(h, where):
-    if not isinstance(h, dict) or not isinstance(h.get("harness_id"), str) or not h["harness_id"]:
-        raise InputError(f"{where}: field 'harness_id' missing")
-    check_text(h, where)
-    specs = h.get("specs")
-    if not isinstance(specs, dict) or any(not isinstance(specs.get(c), dict) for c in COMPONENTS):
-        raise InputError(f"{where}: field 'specs' must hold objects S, T, O, C, W")
-    for c, fields in HARNESS_SCHEMA.items():
-        for key, (kind, required) in fields.items():
-            if key not in specs[c] and not required:
-                continue
-            want = check_field(specs[c].get(key), kind)
-            if want:
-                value = specs[c].get(key, "(missing)")
-                raise InputError(f"{where}: field 'specs.{c}.{key}': {clip(json.dumps(value), 40)} is not {want}")
-    tools = specs["T"]["tools"]
-    for tool, t in tools.items():
-        args = t.get("args") if isinstance(t, dict) else None
-        if not (isinstance(args, dict) and tool in CANONICAL and isinstance(t.get("name"), str) and t["name"].strip()
-                and set(args) == set(CANONICAL[tool]) and all(isinstance(a, str) and a.strip() for a in args.values())):
-            raise InputError(f"{where}: field 'specs.T.tools.{clip(tool, 40)}': needs a canonical tool, a non-empty "
-                             f"name and 'args' mapping exactly {CANONICAL.get(tool, 'its args')} to non-empty names")
-    if "submit" not in tools:
-        raise InputError(f"{where}: field 'specs.T.tools': needs a submit tool")
-    return h
-
-
-def load_harness_file(path):
-    """A JSON object, a JSON list of objects, or JSONL; every record validated."""
-    text = read_text(path, "harness")
-    try:
-        data = json.loads(text)
-        rows = [(f"{path}[{i}]", h) for i, h in enumerate(data)] if isinstance(data, list) else [(str(path), data)]
-    except json.JSONDecodeError:
-        rows = [(f"{path}:{n}", h) for n, h in read_jsonl(path, "harness")]
-    return [validate_harness(h, where) for where, h in rows]
-
-
-def load_run_harnesses(run, name):
-    path = Path(run) / name
-    return [validate_harness(h, f"{path}:{n}") for n, h in read_jsonl(path, "harness")]
-
-
-def harness_pool(run, names, pool=()):
-    """{harness_id: record} from `pool` then every file of `names` that exists in the run folder."""
-    pool = {h["harness_id"]: h for h in pool}
-    for name in names:
-        if (Path(run) / name).is_file():
-            pool.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
-    return pool
-
-
-EXTERNAL_HARNESSES = load_harness_file(HERE / "data" / "external_harnesses.json")  # --harnesses external
 
 
 # ----------------------------------------------------------------------------- rendering (S, T, O, C)
@@ -968,13 +987,19 @@ def eval_jobs(args, tasks):
     return jobs, Path(args.out)
 
 
-def load_smolagents():
-    """The smolagents bridge (smolagents_harness.py beside this file), imported only when asked for."""
+def run_smolagents(args, tasks, policy, backend, tok, positions):
+    """The episodes inside smolagents (smolagents_harness.py beside this file, imported only when asked for). The
+    bridge gets this file's environment as plain functions and data, and its bad input becomes ours."""
     try:
-        import smolagents_harness
+        import smolagents_harness as bridge
     except ImportError as e:
         raise InputError(f"--harnesses smolagents: {e} (pip install 'smolagents>=1.20,<1.27')")
-    return smolagents_harness
+    env = bridge.Environment(workspace=Workspace, score=score, check_results=check_results, max_arg=MAX_ARG)
+    try:
+        return bridge.run_smolagents_episodes(env, tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
+                                              args.temperature, args.samples, positions=positions)
+    except bridge.BridgeError as e:
+        raise InputError(str(e))
 
 
 # ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
@@ -1113,9 +1138,7 @@ def run_stage(args):
     seed_everything(args.seed)
     start = time.perf_counter()
     if smolagents:
-        records = load_smolagents().run_smolagents_episodes(
-            sys.modules[__name__], tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
-            args.temperature, args.samples, positions=positions)
+        records = run_smolagents(args, tasks, policy, backend, tok, positions)
     else:
         records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
                                args.temperature)
@@ -1144,9 +1167,8 @@ def main(argv=None):
     try:
         with lock:
             run_stage(args)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except (InputError, BackendError) as e:  # BackendError: generation.py's bad input (a folder, vllm missing)
+        fail(str(e))
 
 
 if __name__ == "__main__":

@@ -16,10 +16,8 @@ scores them. Everything it prints is computed from those rollout files.
     python 06_evaluate.py --run runs/exp/oa --eval-harnesses runs/exp/eval_harnesses.jsonl --label oa
     # score rollouts that already exist, without calling 04 (e.g. made on another machine)
     python 06_evaluate.py --run runs/default --label harness-scaling --no-rollout
-    # the paper's table across runs, on common ground, with paired differences to a reference row
-    python 06_evaluate.py --compare runs/default runs/single-harness
-    python 06_evaluate.py --compare base=runs/exp/base/eval/final \
-        oa=runs/exp/oa-s0/eval/final,runs/exp/oa-s1/eval/final --reference base --out runs/exp/comparison
+    # the paper's table across runs (paired differences to a reference row): compare.py, on these folders
+    python compare.py runs/default runs/single-harness
 
 Reads   RUN/train_harnesses.jsonl, RUN/heldout_harnesses.jsonl (from 02), RUN/iter_*/rollouts.jsonl
 Writes  RUN/eval/<label>/{base,inspace,external,smolagents}.jsonl   (rollouts made by 04 --eval)
@@ -27,7 +25,6 @@ Writes  RUN/eval/<label>/{base,inspace,external,smolagents}.jsonl   (rollouts ma
         RUN/eval_summary.json  RUN/results.md            (every label evaluated in this run)
         RUN/learning_curve.png                           (when matplotlib is installed)
         RUN/eval/<label>/summary.json                    (this policy's numbers; written last: the done marker)
-        --compare --out PREFIX: PREFIX.md, PREFIX.json
 """
 import argparse
 import contextlib
@@ -49,9 +46,6 @@ HERE = Path(__file__).resolve().parent
 SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
 SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "external": "Out-of-Space", "smolagents": "smolagents"}
 COMPONENTS = ["S", "T", "O", "C", "W"]
-# compare: rows must agree on these (the engine too: an hf row and a vLLM row, or bf16 and fp32, or two context
-# lengths, sample different episodes from the same weights)
-SAME_CONFIG = ["samples", "temperature", "max_turns", "max_new_tokens", "backend", "dtype", "max_model_len"]
 
 
 # ----------------------------------------------------------------------------- Args
@@ -82,73 +76,33 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default=None, help="sampling dtype, passed on to 04 (default: 04's auto)")
     p.add_argument("--max-turns", type=int, default=None, help="turn budget per episode (default: 04's)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per reply (default: 04's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample, sampling and bootstrap")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% interval")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample and of sampling")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (kept in the summary's config; "
+                   "the intervals here need none)")
     p.add_argument("--no-rollout", action="store_true", help="only score rollout files that already exist")
     p.add_argument("--overwrite", action="store_true", help="redo rollouts that already exist for this label")
-    p.add_argument("--compare", nargs="+", metavar="ITEM",
-                   help="one table across policies, then exit. ITEM: RUN (one row per label of its "
-                        "eval_summary.json) or [NAME=]EVALDIR[,EVALDIR...] (RUN/eval/LABEL folders; several = seed "
-                        "replicates of one method, one row)")
-    p.add_argument("--reference", default=None, help="compare: the row the paired differences are taken to "
-                                                     "(default: the first row)")
-    p.add_argument("--out", default=None, metavar="PREFIX", help="compare: also write PREFIX.md and PREFIX.json")
     return p.parse_args(argv)
 
 
-# ----------------------------------------------------------------------------- helpers
-def die(msg):
+# ----------------------------------------------------------------------------- helpers (the same in every stage)
+def fail(msg):
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def read_utf8(path):
-    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        die(f"{path}:{data[:e.start].count(bytes([10])) + 1}: invalid UTF-8 (byte {data[e.start]:#04x})")
-
-
-def read_jsonl(path, required=(), numbered=False):
-    """Rows of a JSONL file (with numbered=True: (line number, row) pairs)."""
-    path = Path(path)
-    if not path.is_file():
-        die(f"{path}: file not found")
-    rows = []
-    for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            die(f"{path}:{lineno}: malformed JSON ({e.msg})")
-        if not isinstance(row, dict):
-            die(f"{path}:{lineno}: expected a JSON object")
-        for field in required:
-            if field not in row:
-                die(f"{path}:{lineno}: missing field '{field}'")
-        rows.append((lineno, row) if numbered else row)
-    return rows
-
-
-def read_json(path, hint=""):
-    path = Path(path)
-    if not path.is_file():
-        die(f"{path}: file not found{hint}")
-    try:
-        return json.loads(read_utf8(path))
-    except json.JSONDecodeError as e:
-        die(f"{path}:{e.lineno}: malformed JSON ({e.msg})")
-
-
 def write_atomic(path, text):
-    """Write to a temporary name, then rename: a reader never sees half a file."""
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 
@@ -158,7 +112,7 @@ def latest_policy(run):
         return iters[-1]
     if (run / "init_policy").is_dir():
         return run / "init_policy"
-    die(f"{run}: no checkpoint found (no iter_*/policy, no init_policy); pass --policy")
+    fail(f"{run}: no checkpoint found (no iter_*/policy, no init_policy); pass --policy")
 
 
 def levels_of(harness_id):
@@ -169,18 +123,6 @@ def levels_of(harness_id):
     return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
 
 
-def harness_file_ids(path):
-    """Harness ids of a file as 04 reads it: a JSON object, a JSON list of objects, or JSONL (04 validates)."""
-    if not Path(path).is_file():
-        die(f"{path}: harness file not found")
-    try:
-        data = json.loads(read_utf8(path))
-        rows = data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        rows = read_jsonl(path)
-    return [h["harness_id"] for h in rows if isinstance(h, dict) and "harness_id" in h]
-
-
 def wanted_splits(args):
     return [s for s in SPLITS if not (s == "smolagents" and args.no_smolagents)]
 
@@ -189,7 +131,63 @@ def pct(x, digits=0):
     return "n/a" if x is None else f"{100 * x:.{digits}f}%"
 
 
-# ----------------------------------------------------------------------------- input checking: episode records
+# ---- input checking ----
+# Every file and flag is checked as it is read: bad input stops with one line naming the file, the line and the
+# field (exit 2), and nothing is written.
+def read_utf8(path):
+    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(f"{path}:{data[:e.start].count(bytes([10])) + 1}: invalid UTF-8 (byte {data[e.start]:#04x})")
+
+
+def read_jsonl(path, required=(), numbered=False):
+    """Rows of a JSONL file (with numbered=True: (line number, row) pairs)."""
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found")
+    rows = []
+    for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail(f"{path}:{lineno}: malformed JSON ({e.msg})")
+        if not isinstance(row, dict):
+            fail(f"{path}:{lineno}: expected a JSON object")
+        for field in required:
+            if field not in row:
+                fail(f"{path}:{lineno}: missing field '{field}'")
+        rows.append((lineno, row) if numbered else row)
+    return rows
+
+
+def read_json(path, hint=""):
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found{hint}")
+    try:
+        return json.loads(read_utf8(path))
+    except json.JSONDecodeError as e:
+        fail(f"{path}:{e.lineno}: malformed JSON ({e.msg})")
+
+
+def harness_file_ids(path):
+    """Harness ids of a file as 04 reads it: a JSON object, a JSON list of objects, or JSONL (04 validates)."""
+    if not Path(path).is_file():
+        fail(f"{path}: harness file not found")
+    try:
+        data = json.loads(read_utf8(path))
+        rows = data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        rows = read_jsonl(path)
+    return [h["harness_id"] for h in rows if isinstance(h, dict) and "harness_id" in h]
+
+
+# ----------------------------------------------------------------------------- episode records
 def count(v):
     return type(v) is int and v >= 0
 
@@ -219,7 +217,7 @@ def read_episodes(path):
     for lineno, e in rows:
         for k, (ok, want, _) in EPISODE_SCHEMA.items():
             if k in e and not ok(e[k]):
-                die(f"{path}:{lineno}: field '{k}' is {json.dumps(e[k])[:40]}, not {want}")
+                fail(f"{path}:{lineno}: field '{k}' is {json.dumps(e[k])[:40]}, not {want}")
     return [e for _, e in rows]
 
 
@@ -232,12 +230,12 @@ def check_made_by(path, rows, ck_path, redo):
     old = read_json(ck_path)
     split = path.stem
     if not isinstance(old, dict) or split not in old.get("splits", []):
-        die(f"{path} is not among the splits {ck_path} lists; {redo}")
+        fail(f"{path} is not among the splits {ck_path} lists; {redo}")
     made_by = {e["policy"] for e in rows if "policy" in e}
     want = old.get("policy")
     for p in sorted(made_by):
         if p != want and ("oracle" if p == "oracle" else str(Path(p).resolve())) != want:
-            die(f"{path}: its episodes were made by {p!r}, but {ck_path} says {want!r}; {redo}")
+            fail(f"{path}: its episodes were made by {p!r}, but {ck_path} says {want!r}; {redo}")
 
 
 # ----------------------------------------------------------------------------- what one call evaluates
@@ -249,11 +247,11 @@ def inspace_ids_of(args, run, train_ids):
         for lineno, h in read_jsonl(args.eval_harnesses, required=("harness_id",), numbered=True):
             hid, where = h["harness_id"], f"{args.eval_harnesses}:{lineno}"
             if not isinstance(hid, str) or levels_of(hid) is None:
-                die(f"{where}: harness_id {hid!r} is not an in-space configuration (S?-T?-O?-C?-W?)")
+                fail(f"{where}: harness_id {hid!r} is not an in-space configuration (S?-T?-O?-C?-W?)")
             if hid == args.base_harness:
-                die(f"{where}: {hid} is the base harness; the In-Space evaluation set must leave it out")
+                fail(f"{where}: {hid} is the base harness; the In-Space evaluation set must leave it out")
             if hid in train_ids:
-                die(f"{where}: {hid} is a training harness of {run} (train_harnesses.jsonl); the In-Space "
+                fail(f"{where}: {hid} is a training harness of {run} (train_harnesses.jsonl); the In-Space "
                     "evaluation set must be disjoint from it")
             ids.add(hid)
         return sorted(ids)
@@ -307,11 +305,12 @@ def check_pairs(path, rows, want, split, hint):
     if have != want:
         what = "task ids" if split == "smolagents" else "(task_id, harness_id) pairs"
         extra, missing = sorted(have - want), sorted(want - have)
-        die(f"{path}: its {what} are not the ones this call evaluates ({len(extra)} extra"
+        fail(f"{path}: its {what} are not the ones this call evaluates ({len(extra)} extra"
             f"{', e.g. ' + str(extra[0]) if extra else ''}; {len(missing)} missing"
             f"{', e.g. ' + str(missing[0]) if missing else ''}); {hint}")
 
 
+# ---- the algorithm ----
 # ----------------------------------------------------------------------------- rollouts via stage 04
 def make_rollouts(args, run, policy, out_dir, ids, want, splits):
     """Ask 04 (eval mode) for the rollouts: base, in-space and out-of-space episodes in ONE 04 call (one engine
@@ -326,14 +325,14 @@ def make_rollouts(args, run, policy, out_dir, ids, want, splits):
     for split in existing:
         path = out_dir / f"{split}.jsonl"
         if old is None:
-            die(f"{path} exists but {ck_path} does not, so what made it is unknown; {redo} "
+            fail(f"{path} exists but {ck_path} does not, so what made it is unknown; {redo} "
                 "(or --no-rollout to score it as it is)")
         if not same:
             field = next(k for k in request if old.get(k) != request[k])
-            die(f"{ck_path}: the rollouts in {out_dir} were made with {field} = {old.get(field)!r}, this call asks "
+            fail(f"{ck_path}: the rollouts in {out_dir} were made with {field} = {old.get(field)!r}, this call asks "
                 f"for {request[field]!r}; {redo}")
         if split not in old.get("splits", []):
-            die(f"{path} is not among the splits {ck_path} lists; {redo}")
+            fail(f"{path} is not among the splits {ck_path} lists; {redo}")
         check_pairs(path, read_jsonl(path, required=("task_id", "harness_id")), want[split], split, redo)
         print(f"[06] {path} exists, made by the same checkpoint and settings: reusing it (--overwrite to redo)")
     done = set(old.get("splits", [])) if same else set()
@@ -360,7 +359,7 @@ def make_rollouts(args, run, policy, out_dir, ids, want, splits):
             cmd += ["--harness-file", hf]
         print(f"[06] {name}: " + " ".join(cmd[1:]), flush=True)
         if subprocess.run(cmd).returncode != 0:
-            die(f"stage 04 failed while making the '{name}' rollouts (command above)")
+            fail(f"stage 04 failed while making the '{name}' rollouts (command above)")
         if name != "smolagents":
             rows = read_jsonl(out, required=("harness_id",))  # one file per split, by harness id
             split_of = {args.base_harness: "base", **{h: "inspace" for h in ids["inspace"]}}
@@ -398,18 +397,6 @@ def task_means(pairs, tasks):
     for (t, _), v in pairs.items():
         by_task[t].append(v)
     return np.array([np.mean(by_task[t]) for t in tasks])
-
-
-def bootstrap_ci(values, n_boot, seed):
-    """95% percentile interval of mean(values) by resampling the values (one per TASK) with replacement. Given the
-    per-task differences of two rows, this is the paired bootstrap: both rows get the same resampled tasks."""
-    values = np.asarray(values, dtype=float)  # [n_tasks]
-    if len(values) < 2:
-        return [float(values.mean()), float(values.mean())] if len(values) else [0.0, 0.0]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(values), size=(n_boot, len(values)))  # [n_boot, n_tasks]
-    means = values[idx].mean(axis=1)  # [n_boot]
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
 
 
 def betainc(a, b, x):
@@ -473,7 +460,7 @@ def pass1_ci(task_values, n_boot, seed):
       number of trials n_eff = p (1 - p) / Var(p), Var(p) = s^2 / n from the spread of the task values (tasks are
       the independent units), at most n m, times (z / t_{n-1})^2 for the estimated variance ("korn-graubard").
       Its coverage is checked by simulation: bench/ci_coverage.py, README "Metrics".
-    n_boot and seed are the paired bootstrap's (compare); this interval needs no resampling."""
+    n_boot and seed are unused: this interval needs no resampling (compare.py's paired bootstrap does)."""
     v = np.asarray(task_values, dtype=float)  # [n_tasks]
     n = len(v)
     if n == 0:
@@ -485,14 +472,6 @@ def pass1_ci(task_values, n_boot, seed):
     # n_eff = p (1 - p) / Var(p) x (z / t_{n-1})^2, at most n m
     n_eff = min(p * (1 - p) / var * (1.959964 / t_quantile_975(n - 1)) ** 2, n_max) if var > 0 else n_max
     return clopper_pearson(p * n_eff, n_eff), "korn-graubard"
-
-
-def sign_test(better, worse):
-    """Exact two-sided sign test on the discordant tasks: p = min(1, 2 P(X <= min(b, w))), X ~ Bin(b + w, 1/2)."""
-    n = better + worse
-    if n == 0:
-        return 1.0
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(better, worse) + 1)) / 2 ** n)
 
 
 def wilson(k, n, z=1.96):
@@ -629,8 +608,7 @@ def results_markdown(run, summaries):
         for c, by_level in comp.items():
             cells = [(f"{c}{i}", by_level.get(f"{c}{i}")) for i in range(width)]
             out.append(f"| {c} | " + " | ".join(
-                "" if v is None else f"{k}: {100 * v:.0f}%" if not isinstance(v, dict) else  # (older summaries)
-                f"{k}: {v['k']:g}/{v['n']} = {100 * v['pass@1']:.0f}% [{100 * v['ci95'][0]:.0f}, "
+                "" if v is None else f"{k}: {v['k']:g}/{v['n']} = {100 * v['pass@1']:.0f}% [{100 * v['ci95'][0]:.0f}, "
                 f"{100 * v['ci95'][1]:.0f}]" for k, v in cells) + " |")
         out += ["", "Per harness:", "", "| harness | pass@1 |", "| --- | --- |"]
         for split in SPLITS:
@@ -668,170 +646,6 @@ def plot_curve(run, curve, summaries):
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     os.replace(tmp, run / "learning_curve.png")
-
-
-# ----------------------------------------------------------------------------- compare
-def compare_rows(items):
-    """--compare items -> rows {name, evaldirs, summaries}: a RUN gives one row per label of its eval_summary.json;
-    [NAME=]EVALDIR[,EVALDIR...] gives one row (several EVALDIRs: seed replicates of one method)."""
-    rows = []
-    for item in items:
-        name, _, dirs = item.partition("=") if "=" in item else ("", "", item)
-        paths = [Path(d) for d in dirs.split(",") if d]
-        if len(paths) == 1 and not name and not (paths[0] / "summary.json").is_file():  # a RUN folder
-            run = paths[0]
-            summaries = read_json(run / "eval_summary.json", f" (run 06_evaluate.py --run {run} first, or give a "
-                                                            "RUN/eval/LABEL folder with summary.json)")
-            rows += [{"name": f"{run.name}/{label}", "evaldirs": [run / "eval" / label], "summaries": [s]}
-                     for label, s in summaries.items()]
-        elif paths:
-            rows.append({"name": name or f"{paths[0].parent.parent.name}/{paths[0].name}", "evaldirs": paths,
-                         "summaries": [read_json(d / "summary.json", " (an EVALDIR is a RUN/eval/LABEL folder 06 "
-                                                                     "wrote)") for d in paths]})
-        else:
-            die(f"--compare {item!r}: no folder given")
-    return rows or die("--compare: no rows (the runs' eval_summary.json files are empty)")
-
-
-def load_pairs(evaldir, summary, excluded):
-    """{split: {(task, harness): success averaged over samples}} of one EVALDIR; Out-of-Space without `excluded`."""
-    return {split: pair_means([e for e in read_jsonl(evaldir / f"{split}.jsonl", required=("task_id", "harness_id",
-                                                                                           "success"))
-                               if not (split == "external" and e["harness_id"] in excluded)])
-            for split in summary.get("splits", {})}
-
-
-def first_difference(what, a_name, a, b_name, b):
-    """'WHAT differ: A has X, B does not' for the first element in one set and not the other; None if equal."""
-    if a == b:
-        return None
-    x, y, first = (a_name, b_name, min(a - b)) if a - b else (b_name, a_name, min(b - a))
-    return f"{what} differ: {x} has {first}, {y} does not"
-
-
-def ground_difference(a_name, a, b_name, b, splits):
-    """How two rows (or replicates) first differ: a setting, else a split's harness ids, tasks, or pairs."""
-    for f in SAME_CONFIG:
-        if a["config"][f] != b["config"][f]:
-            return f"{f} differs: {a_name} has {a['config'][f]}, {b_name} has {b['config'][f]}"
-    for split in splits:
-        for what, key in (("harness ids", lambda p: p[1]), ("tasks", lambda p: p[0]), ("(task, harness) pairs", None)):
-            msg = first_difference(f"{SPLIT_TITLES[split]} {what}", a_name, set(map(key or tuple, a["pairs"][split])),
-                                   b_name, set(map(key or tuple, b["pairs"][split])))
-            if msg:
-                return msg
-    return None
-
-
-def compare(args):
-    """One table across policies on common ground (the same tasks, harnesses, samples and settings in every row),
-    with paired differences of pass@1 to a reference row."""
-    rows = compare_rows(args.compare)
-    for r in rows:
-        r["train_ids"] = sorted({h for d, s in zip(r["evaldirs"], r["summaries"]) for h in train_ids_of(d, s)})
-    # common ground 1: Out-of-Space keeps only the external harnesses that no row trained on
-    excluded = sorted({h for r in rows for h in r["train_ids"]})
-    for r in rows:
-        reps = [{"config": {f: s.get("config", {}).get(f, "hf" if f == "backend" else None) for f in SAME_CONFIG},
-                 "pairs": load_pairs(d, s, excluded)}
-                for d, s in zip(r["evaldirs"], r["summaries"])]
-        for d, rep in zip(r["evaldirs"][1:], reps[1:]):  # seed replicates: one evaluation set
-            first = r["evaldirs"][0]
-            msg = first_difference("splits", first, set(reps[0]["pairs"]), d, set(rep["pairs"])) or \
-                ground_difference(first, reps[0], d, rep, reps[0]["pairs"])
-            if msg:
-                die(f"--compare row {r['name']}: its replicates must share one evaluation set: {msg}")
-        r["config"] = reps[0]["config"]  # a pair's success: mean over samples, then over replicates
-        r["pairs"] = {sp: {k: float(np.mean([x["pairs"][sp][k] for x in reps])) for k in v}
-                      for sp, v in reps[0]["pairs"].items()}
-    # common ground 2: the splits every row has, with the same settings and (task, harness) pairs in every row
-    splits = [s for s in SPLITS if all(r["pairs"].get(s) for r in rows)]
-    for s in SPLITS:
-        if s not in splits and any(s in x for r in rows for x in r["pairs"]):
-            print(f"[06] note: {SPLIT_TITLES[s]} left out of the table: some row has no episodes in it on common "
-                  f"ground ({', '.join(r['name'] for r in rows if not r['pairs'].get(s))})")
-    if not splits:
-        die("--compare: no split is common to every row")
-    for r in rows[1:]:
-        msg = ground_difference(f"row {rows[0]['name']}", rows[0], f"row {r['name']}", r, splits)
-        if msg:
-            die(f"--compare: rows are not on common ground: {msg}")
-    names = [r["name"] for r in rows]
-    if args.reference is not None and args.reference not in names:
-        die(f"--reference {args.reference!r}: no such row (rows: {', '.join(names)})")
-    ref = rows[names.index(args.reference)] if args.reference is not None else rows[0]
-    ground = {"splits": {s: {"tasks": len({t for t, _ in ref["pairs"][s]}), "pairs": len(ref["pairs"][s]),
-                             "harness_ids": sorted({h for _, h in ref["pairs"][s]})} for s in splits},
-              "excluded_external": [h for h in excluded if levels_of(h) is None], **ref["config"]}
-    out_rows = []
-    for r in rows:
-        res = {}
-        for s in splits:
-            tasks = sorted({t for t, _ in r["pairs"][s]})
-            mine, theirs = (task_means(x["pairs"][s], tasks) for x in (r, ref))
-            ci, method = pass1_ci(mine, args.bootstrap, args.seed)
-            # paired difference d = mean over tasks of (row's per-task pass@1 - reference's), interval by the
-            # paired bootstrap: the same resampled tasks for both rows, a task's harnesses kept together
-            # and an exact sign test on the discordant tasks (better vs worse); identical rows say so instead of
-            # printing a zero-width interval
-            d, other = mine - theirs, r is not ref
-            better, worse, identical = int((d > 0).sum()), int((d < 0).sum()), bool(np.all(d == 0))
-            res[s] = {"pass@1": float(np.mean(list(r["pairs"][s].values()))), "ci95": ci, "ci_method": method,
-                      "pairs": len(r["pairs"][s]), "tasks": len(tasks),
-                      "diff_vs_reference": float(d.mean()) if other else None,
-                      "diff_ci95": bootstrap_ci(d, args.bootstrap, args.seed) if other and not identical else None,
-                      "better_tasks": better if other else None, "worse_tasks": worse if other else None,
-                      "sign_test_p": sign_test(better, worse) if other else None,
-                      "identical": identical if other else None}
-        out_rows.append({"name": r["name"], "evaldirs": [str(d) for d in r["evaldirs"]],
-                         "policies": [s.get("policy") for s in r["summaries"]], "train_ids": r["train_ids"],
-                         "inspace_ids": sorted({h for _, h in r["pairs"].get("inspace", {})}),
-                         "task_ids": sorted({t for s in splits for t, _ in r["pairs"][s]}), "splits": res})
-    report = {"reference": ref["name"], "common_ground": ground, "rows": out_rows}
-    md = compare_markdown(report, splits, [s for r in rows for s in r["summaries"]])
-    print(md)
-    if args.out:
-        write_atomic(f"{args.out}.md", md)
-        write_atomic(f"{args.out}.json", json.dumps(report, indent=2))  # last: a pipeline's done marker
-        print(f"[06] wrote {args.out}.md and {args.out}.json")
-
-
-def train_ids_of(evaldir, summary):
-    """The run's training harness ids: summary.json's train_ids, else (older summaries) RUN/train_harnesses.jsonl."""
-    if "train_ids" in summary:
-        return summary["train_ids"]
-    return [h["harness_id"] for h in read_jsonl(evaldir.parent.parent / "train_harnesses.jsonl",
-                                                required=("harness_id",))]
-
-
-def compare_markdown(report, splits, summaries):
-    g, ref = report["common_ground"], report["reference"]
-    shape = "; ".join(f"{SPLIT_TITLES[s]} {g['splits'][s]['tasks']} tasks x {len(g['splits'][s]['harness_ids'])} "
-                      "harness(es)" for s in splits)
-    left = f"; Out-of-Space leaves out {', '.join(g['excluded_external'])} (trained by a row)" \
-        if g["excluded_external"] and "external" in splits else ""
-    lines = [f"Common ground: {shape}; samples {g['samples']}, temperature {g['temperature']}, max_turns "
-             f"{g['max_turns']}, max_new_tokens {g['max_new_tokens']}{left}.", CI_NOTE,
-             f"Δ = paired difference of pass@1 to {ref} in points [95% paired bootstrap over tasks, a task's "
-             "harnesses kept together] (tasks better / worse, p of the exact two-sided sign test on them).", "",
-             "| policy | " + " | ".join(f"{split_title(s, summaries)} | Δ vs {ref}" for s in splits) + " |",
-             "| --- |" + " --- | --- |" * len(splits)]
-    for r in report["rows"]:
-        cells = []
-        for s in splits:
-            x = r["splits"][s]
-            if x["diff_vs_reference"] is None:
-                delta = "reference"
-            elif x["identical"]:
-                delta = f"identical on all {x['tasks']} tasks"
-            else:
-                lo, hi = x["diff_ci95"]
-                delta = (f"{100 * x['diff_vs_reference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] "
-                         f"({x['better_tasks']} / {x['worse_tasks']}, p {x['sign_test_p']:.2g})")
-            cells += [fmt(x), delta]
-        name = r["name"] + (f" ({len(r['evaldirs'])} replicates)" if len(r["evaldirs"]) > 1 else "")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 # ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
@@ -902,9 +716,6 @@ def locked(path):
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
-    if args.compare:
-        compare(args)
-        return
     with locked(Path(args.run) / "run.lock"):  # one writer per run folder
         evaluate(args)
 
@@ -913,7 +724,7 @@ def evaluate(args):
     run = Path(args.run)
     for name in ("train_harnesses.jsonl", "heldout_harnesses.jsonl"):
         if not (run / name).is_file():
-            die(f"{run / name}: file not found (run 01_harness_space.py and 02_orthogonal_design.py first)")
+            fail(f"{run / name}: file not found (run 01_harness_space.py and 02_orthogonal_design.py first)")
     train_ids = sorted({h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",))})
     ids = {"base": [args.base_harness], "inspace": inspace_ids_of(args, run, train_ids),
            "external": external_ids_of(args, train_ids)}
@@ -931,11 +742,11 @@ def evaluate(args):
     label = args.label or (policy.parent.name if policy.name == "policy" else policy.name)  # iter_005/policy: iter_005
     out_dir = run / "eval" / label
     if not task_ids:
-        die(f"{args.tasks}: no tasks")
+        fail(f"{args.tasks}: no tasks")
     checkpoint = None
     if not args.no_rollout:
         if not policy.is_dir() and str(policy) != "oracle":
-            die(f"{policy}: policy folder not found")
+            fail(f"{policy}: policy folder not found")
         checkpoint = make_rollouts(args, run, policy, out_dir, ids, want, splits)
 
     episodes = {}
@@ -951,7 +762,7 @@ def evaluate(args):
         elif args.no_rollout:
             print(f"[06] {path} missing: split '{split}' left out")
     if not episodes:
-        die(f"{out_dir}: no rollout files to score")
+        fail(f"{out_dir}: no rollout files to score")
     summary = {
         "label": label, "policy": str(policy), "tasks": args.tasks, "heldout_ids": ids["inspace"],
         "eval_harnesses": args.eval_harnesses, "train_ids": train_ids, "external_ids": ids["external"],

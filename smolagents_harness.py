@@ -9,11 +9,11 @@ observation and error rendering and its memory are used exactly as the library s
 file adds is the plumbing between that black box and our environment:
 
 - Tools: the task's workspace tools (list_files, read_file, search, write_file, calculator) as smolagents
-  `Tool`s that call 04's `Workspace.call` (same semantics and limits; 04's MAX_ARG on every argument); the
+  `Tool`s that call 04's `Workspace.call` (same semantics and limits; 04's max_arg on every argument); the
   built-in `final_answer` tool (same name, description and schema) also records the answer = 04's submit.
   A ToolCallingAgent (never a CodeAgent): nothing the model writes is executed.
 - The policy: a smolagents `Model` that renders the messages smolagents sends with the policy's chat
-  template (04's `encode`), samples through 04's backend (hf or vllm), decodes, cuts the text at the stop
+  template (generation.py's `encode`), samples through 04's backend (hf or vllm), decodes, cuts the text at the stop
   sequences smolagents asks for ("Observation:", "Calling tools:"), and records each call as one
   token-in/token-out model turn (prompt ids as sent, completion ids as sampled, log-probs) in 04's schema.
 - The oracle: a scripted `Model` that writes each step of the task's `solution` in smolagents' format,
@@ -30,9 +30,13 @@ checker on the final workspace and the submitted answer. There is no W component
 Episodes run one after another (smolagents' loop is sequential): one generation call of batch size 1 per
 model turn, so this harness is much slower per episode than 04's lockstep batches.
 
-04 is never imported by name: every function here receives the 04 module object (`rollout`).
+This file imports no stage: it takes 04's environment as plain functions and data (`Environment`: the workspace,
+the verifier, the argument limit), and the chat template and token-in/token-out rule from generation.py.
 """
 import json
+import sys
+from pathlib import Path
+from typing import Callable, NamedTuple
 
 import smolagents
 from smolagents import (AgentError, AgentGenerationError, AgentMaxStepsError, AgentParsingError,
@@ -42,9 +46,29 @@ from smolagents.memory import ActionStep
 from smolagents.models import get_clean_message_list, tool_role_conversions
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # generation.py, beside this file
+from generation import encode, extend_prompt  # noqa: E402
+
 HARNESS_ID = "X-smolagents"
 FRAMEWORK = f"smolagents {smolagents.__version__}"  # e.g. "smolagents 1.26.0", recorded in every episode
 SUPPORTED = ">=1.20,<1.27"  # the APIs used here exist unchanged in these versions (checked in their source)
+
+
+class Environment(NamedTuple):
+    """04's environment as plain functions and data (04 fills it in: Environment(Workspace, score, check_results,
+    MAX_ARG))."""
+    workspace: Callable  # task files -> a workspace: .call(tool, args) -> text (raises if the call fails), .files, .answer
+    score: Callable  # (checker, files, answer) -> reward (the verifier: 1.0 pass, 0.0 fail)
+    check_results: Callable  # (checker, files, answer) -> each top-level check's result, 0 or 1
+    max_arg: int  # characters a tool argument may hold
+
+
+class BridgeError(Exception):
+    """Bad input to the bridge: 04 reports it as `error: ...` with exit status 2, nothing written."""
+
+
+class ToolError(Exception):
+    """A tool call that fails: smolagents shows it to the model as an error observation (04's name)."""
 
 
 def harness_title():
@@ -52,15 +76,27 @@ def harness_title():
     return FRAMEWORK
 
 
+def safe(x):
+    """Model text is data (04's rule): a lone UTF-16 surrogate becomes U+FFFD, a pair its character; not a string:
+    unchanged."""
+    if not isinstance(x, str):
+        return x
+    try:
+        x.encode("utf-8")
+        return x
+    except UnicodeEncodeError:
+        return x.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 # ----------------------------------------------------------------------------- the workspace tools
-def workspace_call(rollout, ws, tool, **args):
-    """04's argument rules (numbers become strings, other types refused, MAX_ARG chars), then Workspace.call."""
+def workspace_call(env, ws, tool, **args):
+    """04's argument rules (numbers become strings, other types refused, max_arg chars), then Workspace.call."""
     for name, value in args.items():
-        value = str(value) if type(value) in (int, float) else rollout.safe(value)  # model text is data (04)
+        value = str(value) if type(value) in (int, float) else safe(value)  # model text is data (04)
         if not isinstance(value, str):  # smolagents checks the declared type first; this is a second guard
-            raise rollout.ToolError(f"argument {name!r} must be a string")
-        if len(value) > rollout.MAX_ARG:
-            raise rollout.ToolError(f"argument {name!r} too long ({rollout.MAX_ARG} chars max)")
+            raise ToolError(f"argument {name!r} must be a string")
+        if len(value) > env.max_arg:
+            raise ToolError(f"argument {name!r} too long ({env.max_arg} chars max)")
         args[name] = value
     return ws.call(tool, args)
 
@@ -69,12 +105,12 @@ class WorkspaceTool(Tool):
     """One of 04's canonical tools over one episode's Workspace. ToolError -> smolagents' error observation."""
     output_type = "string"
 
-    def __init__(self, rollout, ws):
+    def __init__(self, env, ws):
         super().__init__()
-        self.rollout, self.ws = rollout, ws
+        self.env, self.ws = env, ws
 
     def call_workspace(self, tool, **args):
-        return workspace_call(self.rollout, self.ws, tool, **args)
+        return workspace_call(self.env, self.ws, tool, **args)
 
 
 class ListFiles(WorkspaceTool):
@@ -119,19 +155,19 @@ class Calculator(WorkspaceTool):
 
 class SubmitFinalAnswer(FinalAnswerTool):
     """smolagents' own final_answer tool (its name, description and schema), which also records the answer
-    in the workspace the way 04's submit does: a string (numbers become strings) of at most MAX_ARG chars."""
+    in the workspace the way 04's submit does: a string (numbers become strings) of at most max_arg chars."""
 
-    def __init__(self, rollout, ws):
+    def __init__(self, env, ws):
         super().__init__()
-        self.rollout, self.ws = rollout, ws
+        self.env, self.ws = env, ws
 
     def forward(self, answer):
-        workspace_call(self.rollout, self.ws, "submit", answer=answer)
+        workspace_call(self.env, self.ws, "submit", answer=answer)
         return self.ws.answer
 
 
-def make_tools(rollout, ws):
-    return [cls(rollout, ws) for cls in (ListFiles, ReadFile, Search, WriteFile, Calculator, SubmitFinalAnswer)]
+def make_tools(env, ws):
+    return [cls(env, ws) for cls in (ListFiles, ReadFile, Search, WriteFile, Calculator, SubmitFinalAnswer)]
 
 
 # ----------------------------------------------------------------------------- the agent (two guards, nothing else)
@@ -156,12 +192,12 @@ class ContextLimit(Exception):
     """The prompt does not fit in the policy's positions: the episode ends as "context_limit"."""
 
 
-def plain_messages(rollout, messages):
+def plain_messages(messages):
     """smolagents' messages -> [{"role", "content"}] strings, by smolagents' own conversion for text models:
     tool-call -> assistant, tool-response -> user, consecutive messages of one role joined by a newline.
     Model text is data: a lone surrogate a model typed (a tool name smolagents echoes) becomes U+FFFD (04's safe)."""
     clean = get_clean_message_list(messages, role_conversions=tool_role_conversions, flatten_messages_as_text=True)
-    return [{"role": MessageRole(m["role"]).value, "content": rollout.safe(m["content"])} for m in clean]
+    return [{"role": MessageRole(m["role"]).value, "content": safe(m["content"])} for m in clean]
 
 
 def cut_at_stop_sequences(text, stops):
@@ -175,30 +211,30 @@ class EpisodeModel(Model):
     """A smolagents Model for one episode: messages -> our chat template -> reply(messages, prompt_ids).
     Keeps what each call sent (`sent`) and the token-in/token-out model turns (`model_turns`, 04's schema)."""
 
-    def __init__(self, rollout, tok=None, positions=None, max_new_tokens=0, model_id="policy"):
+    def __init__(self, tok=None, positions=None, max_new_tokens=0, model_id="policy"):
         super().__init__(model_id=model_id)
-        self.rollout, self.tok, self.positions, self.max_new_tokens = rollout, tok, positions, max_new_tokens
+        self.tok, self.positions, self.max_new_tokens = tok, positions, max_new_tokens
         self.sent, self.model_turns, self.n_calls = [], [], 0
         self.last, self.rerendered = None, 0  # token-in/token-out across calls, as 04 (generation.extend_prompt)
 
     def generate(self, messages, stop_sequences=None, response_format=None, tools_to_call_from=None, **kwargs):
         # tools_to_call_from is not rendered by the chat template: the tools reach the model through
         # smolagents' system prompt, and the tool call comes back as text for smolagents' own parser.
-        msgs = plain_messages(self.rollout, messages)
+        msgs = plain_messages(messages)
         ids = None
         if self.tok is not None:  # 04's rule: extend the last prompt's ids where smolagents only appended to what
             # the model saw and shows its reply unchanged; else re-render (smolagents folds its "Calling tools:"
             # text into the assistant message after a tool call, so most turns re-render: a new sample in 05)
-            ids = self.rollout.extend_prompt(self.tok, *self.last, msgs) if self.last else None
+            ids = extend_prompt(self.tok, *self.last, msgs) if self.last else None
             self.rerendered += self.last is not None and ids is None
-            ids = ids if ids is not None else self.rollout.encode(self.tok, msgs)
+            ids = ids if ids is not None else encode(self.tok, msgs)
         if ids is not None and self.positions and len(ids) > self.positions - self.max_new_tokens:
             raise ContextLimit(f"prompt of {len(ids)} tokens")
         self.sent.append(msgs)
         text, completion_ids, logprobs = self.reply(msgs, ids)
         if completion_ids is not None:
             self.model_turns.append({"prompt_ids": ids, "completion_ids": completion_ids, "logprobs": logprobs})
-            self.last = (msgs, ids, completion_ids, self.rollout.safe(text))
+            self.last = (msgs, ids, completion_ids, safe(text))
         return ChatMessage(role=MessageRole.ASSISTANT, content=cut_at_stop_sequences(text, stop_sequences))
 
     def reply(self, messages, prompt_ids):
@@ -219,8 +255,8 @@ class PolicyModel(EpisodeModel):
     """Our policy through 04's backend: completion ids as sampled (cut at the first stop token), decoded
     with skip_special_tokens. The text is then cut at smolagents' stop sequences; the ids are kept whole."""
 
-    def __init__(self, rollout, backend, tok, positions=None, max_new_tokens=0, turn_offset=0, model_id="policy"):
-        super().__init__(rollout, tok, positions, max_new_tokens, model_id)
+    def __init__(self, backend, tok, positions=None, max_new_tokens=0, turn_offset=0, model_id="policy"):
+        super().__init__(tok, positions, max_new_tokens, model_id)
         self.backend, self.turn_offset = backend, turn_offset
 
     def reply(self, messages, prompt_ids):
@@ -240,8 +276,8 @@ class OracleModel(EpisodeModel):
     """The scripted expert inside smolagents: the task's next solution step. With a tokenizer it records
     token ids like 04's oracle (the text's ids and the reply-end token; no log-probs)."""
 
-    def __init__(self, rollout, task, tok=None):
-        super().__init__(rollout, tok, model_id="oracle")
+    def __init__(self, task, tok=None):
+        super().__init__(tok, model_id="oracle")
         self.solution = task.get("solution") or []
 
     def reply(self, messages, prompt_ids):
@@ -251,9 +287,9 @@ class OracleModel(EpisodeModel):
 
 
 # ----------------------------------------------------------------------------- episodes
-def run_episode(rollout, task, model, ws, max_turns, meta, policy, temperature):
+def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
     """One task inside smolagents with `model` (an EpisodeModel) over workspace `ws`; -> 04's record."""
-    agent = Agent(tools=make_tools(rollout, ws), model=model, max_steps=max_turns, verbosity_level=LogLevel.OFF)
+    agent = Agent(tools=make_tools(env, ws), model=model, max_steps=max_turns, verbosity_level=LogLevel.OFF)
     finish_reason = "turn_budget"
     try:
         agent.run(task["request"])
@@ -267,41 +303,41 @@ def run_episode(rollout, task, model, ws, max_turns, meta, policy, temperature):
     failed = [s for s in steps if isinstance(s.error, AgentError) and not isinstance(s.error, AgentMaxStepsError)]
     errors = [s.error for s in failed]
     parse_errors = sum(isinstance(e, AgentParsingError) for e in errors)
-    reward = rollout.score(task["checker"], ws.files, ws.answer)
+    reward = env.score(task["checker"], ws.files, ws.answer)
     return {**meta, "task_id": task["task_id"], "family": task.get("family", "custom"), "harness_id": HARNESS_ID,
             "policy": policy, "temperature": temperature, "reward": reward, "success": reward == 1.0,
-            "checks": rollout.check_results(task["checker"], ws.files, ws.answer),
+            "checks": env.check_results(task["checker"], ws.files, ws.answer),
             "finish_reason": finish_reason, "turns": len(model.sent), "parse_errors": parse_errors,
             "tool_errors": len(errors) - parse_errors, "workflow_violations": 0, "workflow_checks": 0,
             "error_turns": [s.step_number for s in failed],  # 04's per-turn facts, from smolagents' steps
             "valid_call_turns": [s.step_number for s in steps if s.error is None and (s.tool_calls or
                                                                                      s.is_final_answer)],
             "submitted_answer": ws.answer, "rerendered_turns": model.rerendered,
-            "transcript": plain_messages(rollout, agent.write_memory_to_messages()), "model_turns": model.model_turns,
+            "transcript": plain_messages(agent.write_memory_to_messages()), "model_turns": model.model_turns,
             "framework": FRAMEWORK}
 
 
-def run_smolagents_episodes(rollout, tasks, policy, backend, tok, max_turns, max_new_tokens, temperature,
+def run_smolagents_episodes(env, tasks, policy, backend, tok, max_turns, max_new_tokens, temperature,
                             samples=1, progress=True, positions=None):
     """Every task x `samples` inside smolagents, one episode after another; -> records in 04's eval schema
     (iteration None, group_id "task|X-smolagents|eval") plus "framework". backend None = the oracle (tok
     optional: it only records token ids); otherwise 04's HFBackend or VLLMBackend and the policy's tok."""
     if max_turns < 1 or samples < 1:
-        raise rollout.InputError("smolagents harness: max_turns and samples must be >= 1")
+        raise BridgeError("smolagents harness: max_turns and samples must be >= 1")
     if backend is None:
         for task in tasks:
             if not task.get("solution"):
-                raise rollout.InputError(f"task {task['task_id']!r}: the oracle needs a 'solution'")
+                raise BridgeError(f"task {task['task_id']!r}: the oracle needs a 'solution'")
     elif tok is None:
-        raise rollout.InputError("smolagents harness: a policy backend needs the policy's tokenizer")
+        raise BridgeError("smolagents harness: a policy backend needs the policy's tokenizer")
     jobs = [(task, s) for task in tasks for s in range(samples)]
     records = []
     for index, (task, s) in enumerate(tqdm(jobs, desc="smolagents episodes", disable=not progress, leave=False)):
         meta = {"episode_id": f"eval-{task['task_id']}-{HARNESS_ID}-s{s}", "iteration": None, "visit": None,
                 "group_id": f"{task['task_id']}|{HARNESS_ID}|eval", "sample_index": s}
-        model = (OracleModel(rollout, task, tok) if backend is None else
-                 PolicyModel(rollout, backend, tok, positions, max_new_tokens, turn_offset=index * max_turns,
+        model = (OracleModel(task, tok) if backend is None else
+                 PolicyModel(backend, tok, positions, max_new_tokens, turn_offset=index * max_turns,
                              model_id=str(policy)))
-        records.append(run_episode(rollout, task, model, rollout.Workspace(task["files"]), max_turns, meta,
+        records.append(run_episode(env, task, model, env.workspace(task["files"]), max_turns, meta,
                                    policy, temperature))
     return records

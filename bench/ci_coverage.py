@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import load_stage  # noqa: E402
 
 ev = load_stage("06_evaluate.py")
+cmp = load_stage("compare.py")  # the percentile bootstrap lives there now (the paired differences use it)
 
 
 def simulate(n, m, p, icc, reps, rng):
@@ -38,7 +39,7 @@ def old_interval(v, n_boot, seed):
     """The interval before: percentile bootstrap, Clopper-Pearson only at all-0 / all-1."""
     if np.all(v == 0) or np.all(v == 1):
         return ev.clopper_pearson(int(v.sum()), len(v))
-    return ev.bootstrap_ci(v, n_boot, seed)
+    return cmp.bootstrap_ci(v, n_boot, seed)
 
 
 def main():

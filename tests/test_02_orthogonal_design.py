@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import load_stage, run_stage
+from conftest import ROOT, load_stage, run_stage
 
 LETTERS = ["S", "T", "O", "C", "W"]
 
@@ -276,3 +276,93 @@ def test_cli_unconstructible_pattern(tmp_path):
     # the random baseline still works when told its size
     run_stage("02_orthogonal_design.py", "--run", run, "--method", "random", "--n", 20)
     assert len(read_jsonl(run / "train_harnesses.jsonl")) == 20
+
+
+# ----------------------------------------------------------------------------- the other harness sets
+def test_shared_eval_set_is_a_shifted_oa_disjoint_and_balanced(mod, tmp_path):
+    """The experiment's In-Space set: from a level-shifted copy of the OA (itself strength 2, checked here by
+    counting level pairs), disjoint from every excluded configuration, level-balanced when cut to 6 rows."""
+    from collections import Counter
+    run = tmp_path / "run"
+    run_stage("01_harness_space.py", "--run", run)
+    run_stage("02_orthogonal_design.py", "--run", run)
+    space = read_jsonl(run / "harness_space.jsonl")
+    oa = {h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl")}
+    exclude = oa | set(mod.one_factor_ids(space))
+    assert len(mod.one_factor_ids(space)) == 11
+    full = mod.shared_eval_set(space, oa, exclude, 18)
+    assert len(full) == 18 and not {h["harness_id"] for h in full} & exclude
+    for a, b in itertools.combinations("STOCW", 2):  # strength 2: each of the 9 level pairs exactly twice
+        pairs = Counter((h["levels"][a], h["levels"][b]) for h in full)
+        assert sorted(pairs.values()) == [2] * 9, (a, b, pairs)
+    six = mod.shared_eval_set(space, oa, exclude, 6)
+    assert {h["harness_id"] for h in six} <= {h["harness_id"] for h in full}
+    for c in "STOCW":  # balanced: every level of every component twice
+        assert sorted(Counter(h["levels"][c] for h in six).values()) == [2, 2, 2], c
+    # a further exclusion removes rows, never lets one in
+    more = exclude | {full[0]["harness_id"], full[5]["harness_id"]}
+    assert not {h["harness_id"] for h in mod.shared_eval_set(space, oa, more, 18)} & more
+
+
+def copy_run(run01, path):
+    path.mkdir()
+    for f in ("components.json", "harness_space.jsonl"):
+        (path / f).write_text((run01 / f).read_text())
+    return path
+
+
+def test_cli_single_harness_and_the_warm_starts_set(run01, tmp_path):
+    """--method single: the base alone (everything else held out), or X-shell from the external file as it stands
+    there (the whole space held out); --method one-factor: the 11 configurations at distance <= 1 from the base."""
+    space = read_jsonl(run01 / "harness_space.jsonl")
+    shell = json.loads((ROOT / "data" / "external_harnesses.json").read_text())[0]
+    for args, want in ((["--method", "single"], [space[0]]), (["--method", "single", "--harness", "X-shell"], [shell]),
+                       (["--method", "one-factor"], [h for h in space if list(h["levels"].values()).count(0) >= 4])):
+        run = copy_run(run01, tmp_path / "-".join(args[1:]))
+        proc = run_stage("02_orthogonal_design.py", "--run", run, *args)
+        train, held = read_jsonl(run / "train_harnesses.jsonl"), read_jsonl(run / "heldout_harnesses.jsonl")
+        assert train == want and len(train) == (11 if args[1] == "one-factor" else 1)
+        assert held == [h for h in space if h["harness_id"] not in {w["harness_id"] for w in want}]
+        config = json.loads((run / "02_orthogonal_design_config.json").read_text())
+        assert config["method"] == args[1] and config["train_harness_ids"] == [h["harness_id"] for h in want]
+        assert f"H_tr: {len(want)} configurations ({args[1]})" in proc.stdout
+    assert space[0]["harness_id"] == "S0-T0-O0-C0-W0"
+    bad = copy_run(run01, tmp_path / "bad")
+    for args, message in ((["--method", "single", "--harness", "S9-T0-O0-C0-W0"], "--harness S9-T0-O0-C0-W0: neither"),
+                          (["--harness", "X-shell"], "only with --method single"),
+                          (["--method", "one-factor", "--design", tmp_path / "d.csv"], "--design: only with")):
+        proc = run_stage("02_orthogonal_design.py", "--run", bad, *args, check=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert sorted(p.name for p in bad.iterdir()) == ["components.json", "harness_space.jsonl"]
+
+
+def test_cli_eval_set_is_written_once_and_refused_if_it_would_change(mod, run01, tmp_path):
+    """--eval-set N: the shifted OA of the run's training set, less every --exclude file's harnesses, into --out;
+    the same call again leaves it as it is, a call that would change it is refused (exit 2, file untouched)."""
+    oa_run, ws = copy_run(run01, tmp_path / "oa"), copy_run(run01, tmp_path / "ws")
+    run_stage("02_orthogonal_design.py", "--run", oa_run)
+    run_stage("02_orthogonal_design.py", "--run", ws, "--method", "one-factor")
+    out = tmp_path / "exp" / "eval_harnesses.jsonl"
+    out.parent.mkdir()
+    args = ["--run", oa_run, "--eval-set", 6, "--exclude", ws / "train_harnesses.jsonl", "--out", out]
+    proc = run_stage("02_orthogonal_design.py", *args)
+    space = read_jsonl(run01 / "harness_space.jsonl")
+    oa = {h["harness_id"] for h in read_jsonl(oa_run / "train_harnesses.jsonl")}
+    excluded = oa | {h["harness_id"] for h in read_jsonl(ws / "train_harnesses.jsonl")}
+    assert read_jsonl(out) == mod.shared_eval_set(space, oa, excluded, 6) and len(read_jsonl(out)) == 6
+    assert not {h["harness_id"] for h in read_jsonl(out)} & excluded and f"wrote {out}" in proc.stdout
+    assert sorted(p.name for p in out.parent.iterdir()) == ["eval_harnesses.jsonl"]  # nothing else, no lock left
+    before = (out.read_bytes(), out.stat().st_mtime_ns)
+    assert "unchanged" in run_stage("02_orthogonal_design.py", *args).stdout
+    first = read_jsonl(out)[0]["harness_id"]
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text(json.dumps({"harness_id": first}) + "\n")
+    proc = run_stage("02_orthogonal_design.py", *args[:-3], f"{ws / 'train_harnesses.jsonl'},{extra}", "--out", out,
+                     check=False)
+    assert proc.returncode == 2 and "the evaluation set would change" in proc.stderr
+    extra.write_text('{"harness_id": "S1-T1-O1-C1-W1"}\n{"name": 1}\n')
+    proc = run_stage("02_orthogonal_design.py", *args[:-3], extra, "--out", out, check=False)
+    assert proc.returncode == 2 and f"{extra}, line 2: field 'harness_id'" in proc.stderr
+    proc = run_stage("02_orthogonal_design.py", "--run", oa_run, "--eval-set", 6, check=False)
+    assert proc.returncode == 2 and "--eval-set 6: needs N >= 1 and --out FILE" in proc.stderr
+    assert (out.read_bytes(), out.stat().st_mtime_ns) == before

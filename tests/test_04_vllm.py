@@ -120,7 +120,7 @@ def test_vllm_backend_through_the_command_line(monkeypatch, tmp_path, tiny, tok)
 
 def test_vllm_missing_is_a_clear_error(monkeypatch, tiny, tok):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
-    with pytest.raises(R.InputError, match="vllm is not installed"):
+    with pytest.raises(R.BackendError, match="vllm is not installed"):
         R.VLLMBackend(tiny, tok, argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=0))
 
 

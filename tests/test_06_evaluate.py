@@ -1,9 +1,6 @@
 """Stage 06: scoring maths against hand computations, and the CLI on synthetic rollout files."""
-import itertools
 import json
 import math
-import random
-import shutil
 
 import numpy as np
 import pytest
@@ -30,45 +27,6 @@ def test_pass_at_1_averages_pairs_then_samples():
     assert s["pass@1"] == pytest.approx((0.5 + 1.0 + 0.0) / 3)
     assert s["pairs"] == 3 and s["tasks"] == 2 and s["ci_method"] == "korn-graubard"  # task a: 0.75
     assert s["per_harness"] == {"S0-T0-O0-C0-W0": pytest.approx(0.25), "S1-T0-O0-C0-W0": 1.0}
-
-
-def test_bootstrap_interval_matches_an_independent_resampling():
-    rng = np.random.default_rng(1)
-    eps = [episode(f"t{i}", "S0-T0-O0-C0-W0", bool(rng.random() < 0.6)) for i in range(40)]
-    lo, hi = ev.bootstrap_ci([float(e["success"]) for e in eps], n_boot=2000, seed=3)  # one pair per task
-    # independent: resample the 40 task outcomes with the same generator draws, plain python
-    outcomes = [float(e["success"]) for e in eps]
-    r = np.random.default_rng(3)
-    idx = r.integers(0, 40, size=(2000, 40))
-    means = sorted(sum(outcomes[j] for j in row) / 40 for row in idx)
-    assert lo == pytest.approx(np.percentile(means, 2.5))
-    assert hi == pytest.approx(np.percentile(means, 97.5))
-    p = np.mean(outcomes)
-    half = 1.96 * np.sqrt(p * (1 - p) / 40)  # the normal approximation lands close to the bootstrap
-    assert abs((hi - lo) / 2 - half) < 0.03
-    assert lo < p < hi
-
-
-def exact_quantile(values, q):
-    """q-quantile of the mean of len(values) draws with replacement, by enumerating every resample."""
-    n = len(values)
-    means = [sum(values[i] for i in draw) / n for draw in itertools.product(range(n), repeat=n)]
-    atoms, counts = np.unique(np.round(means, 9), return_counts=True)
-    cdf = np.cumsum(counts) / len(means)
-    k = int(np.searchsorted(cdf, q))  # the first atom whose CDF reaches q
-    return atoms[k], min(cdf[k] - q, q - (cdf[k - 1] if k else 0))  # the quantile, its distance to an atom's edge
-
-
-def test_paired_bootstrap_matches_exact_enumeration():
-    # 4 tasks, per-task difference row - reference: every one of the 4^4 = 256 resamples is equally likely
-    row, ref = np.array([1.0, 0.5, 1.0, 0.0]), np.array([0.0, 0.5, 0.5, 1.0])
-    d = list(row - ref)  # [1, 0, 0.5, -1]
-    lo_exact, m_lo = exact_quantile(d, 0.025)
-    hi_exact, m_hi = exact_quantile(d, 0.975)
-    assert min(m_lo, m_hi) > 0.004  # the quantiles sit well inside an atom: sampling noise cannot move them
-    lo, hi = ev.bootstrap_ci(row - ref, n_boot=40000, seed=7)
-    assert (lo, hi) == (pytest.approx(lo_exact), pytest.approx(hi_exact))
-    assert lo < np.mean(d) < hi
 
 
 def binom_cdf(k, n, p):
@@ -125,15 +83,6 @@ def test_korn_graubard_interval_by_hand_and_its_coverage():
         values = rng.binomial(4, q) / 4
         ivs = np.array([ev.pass1_ci(x, 0, 0)[0] for x in values])
         assert np.mean((ivs[:, 0] <= p_true) & (p_true <= ivs[:, 1])) >= 0.93
-
-
-def test_sign_test_against_enumeration():
-    for b, w in ((3, 0), (5, 1), (6, 6), (0, 7), (10, 2)):
-        n = b + w
-        outcomes = list(itertools.product((0, 1), repeat=n))  # every better/worse pattern, equally likely under H0
-        tail = sum(min(sum(o), n - sum(o)) <= min(b, w) for o in outcomes) / len(outcomes)
-        assert ev.sign_test(b, w) == pytest.approx(min(1.0, tail if b != w else 1.0))
-    assert ev.sign_test(0, 0) == 1.0 and ev.sign_test(5, 0) == pytest.approx(0.0625)
 
 
 def test_behaviour_compliance_and_recovery_hand_counted():
@@ -223,7 +172,7 @@ def test_cli_scores_existing_rollouts_and_compares(tmp_path):
     assert "T1: 4/8 = 50% [" in md and "treated as independent" in md
     assert "| mine | 75.0 [" in proc.stdout
     assert (run / "eval" / "mine" / "summary.json").stat().st_mtime_ns >= (run / "results.md").stat().st_mtime_ns
-    cmp = run_stage("06_evaluate.py", "--compare", run, run)
+    cmp = run_stage("compare.py", run, run)
     assert cmp.stdout.count("| run/mine | 75.0 [") == 2
 
 
@@ -244,7 +193,7 @@ def test_cli_bad_input_names_file_and_line(tmp_path):
     assert proc.returncode != 0
     assert f"{bad}:5" in proc.stderr
     assert not (run / "eval_summary.json").exists() and not (run / "results.md").exists()
-    missing = run_stage("06_evaluate.py", "--compare", tmp_path / "nope", check=False)
+    missing = run_stage("compare.py", tmp_path / "nope", check=False)
     assert missing.returncode != 0 and "eval_summary.json: file not found" in missing.stderr
 
 
@@ -309,7 +258,7 @@ def test_cli_rollouts_one_04_call_split_by_harness(tmp_path):
 def test_eval_set_shared_across_runs_and_trained_external_leaves_out_of_space(tmp_path):
     """Two runs with different training sets (one also trained inside X-shell) evaluated on one --eval-harnesses
     file: identical In-Space harness ids and tasks; X-shell leaves the second run's Out-of-Space split (a
-    --harness-file harness stays), and --compare then drops it from every row."""
+    --harness-file harness stays), and compare.py then drops it from every row."""
     import helpers_04 as H
     a = H.make_run(tmp_path / "a", {"S0-T1-O1-C1-W1"}, {})
     b = H.make_run(tmp_path / "b", {"S1-T0-O0-C0-W0", "S2-T0-O0-C0-W0"}, {})
@@ -333,7 +282,7 @@ def test_eval_set_shared_across_runs_and_trained_external_leaves_out_of_space(tm
     sb = json.loads((b / "eval" / "o" / "summary.json").read_text())
     assert sb["train_ids"] == sorted(["S1-T0-O0-C0-W0", "S2-T0-O0-C0-W0", "X-shell"])
     assert sb["external_ids"] == ["X-react", "X-example-fs"] and sb["splits"]["external"]["pass@1"] == 1.0
-    cmp = run_stage("06_evaluate.py", "--compare", a / "eval" / "o", b, "--out", tmp_path / "cmp")
+    cmp = run_stage("compare.py", a / "eval" / "o", b, "--out", tmp_path / "cmp")
     report = json.loads((tmp_path / "cmp.json").read_text())
     assert report["common_ground"]["splits"]["external"]["harness_ids"] == ["X-example-fs", "X-react"]
     assert report["common_ground"]["excluded_external"] == ["X-shell"]
@@ -378,115 +327,3 @@ def test_default_label_of_an_iteration_checkpoint(tmp_path):
     assert list(json.loads((run / "eval_summary.json").read_text())) == ["iter_005"]
 
 
-# ----------------------------------------------------------------------------- --compare
-def make_evaldir(root, run, label, tasks="abcd", inspace=SPACE_IDS[:2], external=("X-shell", "X-react"),
-                 train=(BASE,), temperature=0.0, seed=0, **engine):
-    """A RUN/eval/LABEL folder as 06 leaves it: summary.json (config, train_ids, splits) and the split files;
-    success drawn from a seeded generator so rows differ."""
-    d = root / run / "eval" / label
-    rng = random.Random(f"{run}/{label}/{seed}")
-    split_ids = {"base": [BASE], "inspace": list(inspace), "external": list(external)}
-    for split, ids in split_ids.items():
-        write_jsonl(d / f"{split}.jsonl", [episode(t, h, rng.random() < 0.5) for t in tasks for h in ids])
-    summary = {"label": label, "policy": f"{run}/policy", "train_ids": sorted(train), "heldout_ids": list(inspace),
-               "splits": {s: {} for s in split_ids},
-               "config": {"samples": 1, "temperature": temperature, "max_turns": 6, "max_new_tokens": 128,
-                          "backend": "hf", "dtype": None, "max_model_len": None, **engine}}
-    (d / "summary.json").write_text(json.dumps(summary))
-    return d
-
-
-def read_split(d, split):
-    return [json.loads(x) for x in (d / f"{split}.jsonl").read_text().splitlines()]
-
-
-def per_task_values(dirs, split, skip=()):
-    """Independent per-task pass@1: mean over the task's episodes, then over replicates (plain python)."""
-    out = {}
-    for d in dirs:
-        for t in sorted({e["task_id"] for e in read_split(d, split)}):
-            v = [float(e["success"]) for e in read_split(d, split) if e["task_id"] == t and e["harness_id"] not in skip]
-            out.setdefault(t, []).append(sum(v) / len(v))
-    return {t: sum(v) / len(v) for t, v in out.items()}
-
-
-def test_compare_paired_differences_replicates_and_reference(tmp_path):
-    tasks = [f"t{i}" for i in range(12)]
-    ref = make_evaldir(tmp_path, "base", "final", tasks=tasks)
-    reps = [make_evaldir(tmp_path, f"oa-s{s}", "final", tasks=tasks, train=(BASE, "X-react"), seed=s)
-            for s in range(2)]
-    out = tmp_path / "cmp"
-    proc = run_stage("06_evaluate.py", "--compare", f"oa={reps[0]},{reps[1]}", ref, "--reference", "base/final",
-                     "--out", out, "--bootstrap", 500, "--seed", 4)
-    report = json.loads((out.with_suffix(".json")).read_text())
-    assert report["reference"] == "base/final" and [r["name"] for r in report["rows"]] == ["oa", "base/final"]
-    assert report["common_ground"]["splits"]["external"]["harness_ids"] == ["X-shell"]  # X-react trained by oa
-    assert report["rows"][0]["evaldirs"] == [str(r) for r in reps] and report["rows"][0]["task_ids"] == sorted(tasks)
-    for split in ("base", "inspace", "external"):
-        skip = ("X-react",) if split == "external" else ()
-        a, b = per_task_values(reps, split, skip), per_task_values([ref], split, skip)
-        d = [a[t] - b[t] for t in sorted(tasks)]
-        # the same interval, computed independently: the same generator draws, a plain loop over resampled tasks
-        idx = np.random.default_rng(4).integers(0, len(d), size=(500, len(d)))
-        means = [sum(d[j] for j in row) / len(d) for row in idx]
-        cell = report["rows"][0]["splits"][split]
-        assert cell["diff_vs_reference"] == pytest.approx(sum(d) / len(d))
-        assert cell["diff_ci95"] == pytest.approx([np.percentile(means, 2.5), np.percentile(means, 97.5)])
-        assert cell["better_tasks"] == sum(x > 0 for x in d) and cell["worse_tasks"] == sum(x < 0 for x in d)
-        assert cell["pass@1"] == pytest.approx(sum(a.values()) / len(a))
-        assert report["rows"][1]["splits"][split]["diff_vs_reference"] is None
-    md = out.with_suffix(".md").read_text()
-    assert "| policy | Base | Δ vs base/final |" in md and "| base/final | " in md and "reference" in md
-    assert md in proc.stdout + "\n" and "Common ground: Base 12 tasks x 1 harness(es); In-Space 12 tasks x 2" in md
-    bad = run_stage("06_evaluate.py", "--compare", ref, "--reference", "nope", check=False)
-    assert bad.returncode != 0 and "--reference 'nope': no such row" in bad.stderr
-
-
-@pytest.mark.parametrize("change, message", [
-    (dict(inspace=[SPACE_IDS[0], SPACE_IDS[2]]),
-     f"In-Space harness ids differ: row base/final has {SPACE_IDS[1]}, row other/final does not"),
-    (dict(tasks="abce"), "Base tasks differ: row base/final has d, row other/final does not"),
-    (dict(temperature=1.0), "temperature differs: row base/final has 0.0, row other/final has 1.0"),
-    (dict(backend="vllm"), "backend differs: row base/final has hf, row other/final has vllm"),
-    (dict(dtype="bfloat16"), "dtype differs: row base/final has None, row other/final has bfloat16"),
-    (dict(max_model_len=2048), "max_model_len differs: row base/final has None, row other/final has 2048"),
-])
-def test_compare_refuses_rows_off_common_ground(tmp_path, change, message):
-    ref = make_evaldir(tmp_path, "base", "final")
-    other = make_evaldir(tmp_path, "other", "final", **change)
-    proc = run_stage("06_evaluate.py", "--compare", ref, other, check=False)
-    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
-    reps = run_stage("06_evaluate.py", "--compare", f"m={ref},{other}", check=False)  # replicates: same set too
-    assert reps.returncode != 0 and "replicates must share one evaluation set" in reps.stderr
-
-
-def test_compare_leaves_out_a_split_some_row_lacks(tmp_path):
-    ref = make_evaldir(tmp_path, "base", "final")
-    other = make_evaldir(tmp_path, "other", "final")
-    (other / "summary.json").write_text(json.dumps({**json.loads((other / "summary.json").read_text()),
-                                                    "splits": {"base": {}, "inspace": {}}}))
-    proc = run_stage("06_evaluate.py", "--compare", ref, other, "--out", tmp_path / "c")
-    assert "Out-of-Space left out of the table" in proc.stdout
-    assert set(json.loads((tmp_path / "c.json").read_text())["common_ground"]["splits"]) == {"base", "inspace"}
-
-
-def test_compare_identical_rows_and_the_sign_test(tmp_path):
-    """Two rows with the same per-task values say 'identical', never a zero-width interval; a row that differs gets
-    the exact sign test on its discordant tasks, in the JSON and the table."""
-    tasks = [f"t{i}" for i in range(10)]
-    ref = make_evaldir(tmp_path, "base", "final", tasks=tasks)
-    same = tmp_path / "copy" / "eval" / "final"
-    shutil.copytree(ref, same)
-    other = make_evaldir(tmp_path, "other", "final", tasks=tasks, seed=3)
-    run_stage("06_evaluate.py", "--compare", ref, same, other, "--out", tmp_path / "c")
-    report = json.loads((tmp_path / "c.json").read_text())
-    cell = report["rows"][1]["splits"]["base"]
-    assert cell["identical"] is True and cell["diff_ci95"] is None and cell["sign_test_p"] == 1.0
-    assert cell["better_tasks"] == cell["worse_tasks"] == 0
-    md = (tmp_path / "c.md").read_text()
-    assert "identical on all 10 tasks" in md and "+0.0 [+0.0, +0.0]" not in md
-    for split, x in report["rows"][2]["splits"].items():
-        b, w = x["better_tasks"], x["worse_tasks"]
-        assert x["sign_test_p"] == pytest.approx(ev.sign_test(b, w)) and (b + w == 0) == x["identical"]
-    assert any(not x["identical"] for x in report["rows"][2]["splits"].values())
-    assert ", p " in md

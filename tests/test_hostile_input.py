@@ -125,13 +125,18 @@ def smolagents_bridge():
     return load_stage("smolagents_harness.py")
 
 
+def environment(B):
+    """04's environment as the bridge takes it: plain functions and data."""
+    return B.Environment(workspace=R.Workspace, score=R.score, check_results=R.check_results, max_arg=R.MAX_ARG)
+
+
 class Scripted:
     @staticmethod
     def make(B, replies, tok=None):
         class Model(B.EpisodeModel):
             def reply(self, messages, prompt_ids):
                 return replies[min(len(self.sent) - 1, len(replies) - 1)], None, None
-        return Model(R, tok=tok, model_id="scripted")
+        return Model(tok=tok, model_id="scripted")
 
 
 def test_a_typed_surrogate_through_the_smolagents_bridge(tiny):
@@ -143,7 +148,7 @@ def test_a_typed_surrogate_through_the_smolagents_bridge(tiny):
                act("final_answer", {"answer": "\\ud800"}).replace("\\\\", "\\")]
     model = Scripted.make(B, replies, tok=tok)  # with a tokenizer: every prompt is encoded (would raise TypeError)
     ws = R.Workspace(TASK["files"])
-    rec = B.run_episode(R, TASK, model, ws, 6, META, "scripted", 0.0)
+    rec = B.run_episode(environment(B), TASK, model, ws, 6, META, "scripted", 0.0)
     assert rec["finish_reason"] == "submitted" and ws.files["x.txt"] == "a\ufffdb" and rec["submitted_answer"] == "\ufffd"
     assert is_text(rec) and "a\ufffdb" in json.dumps(rec["transcript"], ensure_ascii=False)
 
@@ -154,6 +159,6 @@ def test_the_corpus_through_the_smolagents_bridge():
     for i in range(0, len(CORPUS), 6):
         model = Scripted.make(B, CORPUS[i:i + 6])
         ws = R.Workspace(TASK["files"])
-        rec = B.run_episode(R, TASK, model, ws, 6, dict(META, episode_id=f"e{i}"), "scripted", 0.0)
+        rec = B.run_episode(environment(B), TASK, model, ws, 6, dict(META, episode_id=f"e{i}"), "scripted", 0.0)
         assert rec["finish_reason"] in ("submitted", "turn_budget") and is_text(rec) and is_text(ws.files)
     assert time.perf_counter() - start < 60

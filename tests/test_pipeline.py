@@ -88,34 +88,6 @@ def test_single_and_blackbox_training_sets(tmp_path):
         assert [a["harness_ids"] for a in read_jsonl(run / "assignment.jsonl")] == [[want]] * 5
 
 
-def test_shared_eval_set_is_a_shifted_oa_disjoint_and_balanced(tmp_path):
-    """The experiment's In-Space set: from a level-shifted copy of the OA (itself strength 2, checked here by
-    counting level pairs), disjoint from every excluded configuration, level-balanced when cut to 6 rows."""
-    import itertools
-    from collections import Counter
-    from conftest import load_stage
-    pipe = load_stage("pipeline.py")
-    run = tmp_path / "run"
-    run_stage("01_harness_space.py", "--run", run)
-    run_stage("02_orthogonal_design.py", "--run", run)
-    space = read_jsonl(run / "harness_space.jsonl")
-    oa = {h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl")}
-    exclude = oa | set(pipe.one_factor_ids(space))
-    assert len(pipe.one_factor_ids(space)) == 11
-    full = pipe.shared_eval_set(space, oa, exclude, 18)
-    assert len(full) == 18 and not {h["harness_id"] for h in full} & exclude
-    for a, b in itertools.combinations("STOCW", 2):  # strength 2: each of the 9 level pairs exactly twice
-        pairs = Counter((h["levels"][a], h["levels"][b]) for h in full)
-        assert sorted(pairs.values()) == [2] * 9, (a, b, pairs)
-    six = pipe.shared_eval_set(space, oa, exclude, 6)
-    assert {h["harness_id"] for h in six} <= {h["harness_id"] for h in full}
-    for c in "STOCW":  # balanced: every level of every component twice
-        assert sorted(Counter(h["levels"][c] for h in six).values()) == [2, 2, 2], c
-    # a further exclusion removes rows, never lets one in
-    more = exclude | {full[0]["harness_id"], full[5]["harness_id"]}
-    assert not {h["harness_id"] for h in pipe.shared_eval_set(space, oa, more, 18)} & more
-
-
 def test_bad_flags_leave_no_folder_and_paths_are_relative_to_the_caller(tmp_path):
     bad = run_stage("pipeline.py", "--run", tmp_path / "r", "--tiny-size", "2,128", check=False)
     assert bad.returncode == 2 and "--tiny-size '2,128': expected LAYERS,DIM,HEADS" in bad.stderr

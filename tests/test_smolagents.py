@@ -19,13 +19,14 @@ B = load_stage("smolagents_harness.py")
 TEST_TASKS = R.load_tasks(H.ROOT / "data" / "test_tasks.jsonl")
 TASK = next(t for t in TEST_TASKS if t["family"] == "lookup")  # answer_equals; files hold its answer
 META = {"episode_id": "e", "iteration": None, "group_id": "g", "sample_index": 0}
+ENV = B.Environment(workspace=R.Workspace, score=R.score, check_results=R.check_results, max_arg=R.MAX_ARG)  # 04's
 
 
 class Scripted(B.EpisodeModel):
     """A model that replies fixed texts (the last one again when they run out); no token ids."""
 
     def __init__(self, replies):
-        super().__init__(R, model_id="scripted")
+        super().__init__(model_id="scripted")
         self.replies = list(replies)
 
     def reply(self, messages, prompt_ids):
@@ -39,7 +40,7 @@ def action(name, arguments):
 def run_scripted(replies, task=TASK, max_turns=3):
     model = Scripted(replies)
     ws = R.Workspace(task["files"])
-    return B.run_episode(R, task, model, ws, max_turns, META, "scripted", 0.0), model
+    return B.run_episode(ENV, task, model, ws, max_turns, META, "scripted", 0.0), model
 
 
 def observations(rec):
@@ -56,7 +57,7 @@ def tiny(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- the oracle inside smolagents
 def test_oracle_solves_every_test_task_inside_smolagents():
-    records = B.run_smolagents_episodes(R, TEST_TASKS, "oracle", None, None, max_turns=6, max_new_tokens=128,
+    records = B.run_smolagents_episodes(ENV, TEST_TASKS, "oracle", None, None, max_turns=6, max_new_tokens=128,
                                         temperature=0.0, progress=False)
     assert len(records) == len(TEST_TASKS) >= 100
     failed = [r["task_id"] for r in records if not r["success"]]
@@ -71,7 +72,7 @@ def test_records_have_04s_schema_and_name_the_framework():
     harness = H.space_records()[0]  # the base configuration
     meta = {"episode_id": "x", "iteration": None, "visit": None, "group_id": "x", "sample_index": 0}  # as 04's eval
     ours = R.run_episodes([(TASK, harness, meta)], "oracle", progress=False)[0]
-    rec = B.run_smolagents_episodes(R, [TASK], "oracle", None, None, 6, 128, 0.0, samples=2, progress=False)
+    rec = B.run_smolagents_episodes(ENV, [TASK], "oracle", None, None, 6, 128, 0.0, samples=2, progress=False)
     assert set(rec[0]) == set(ours) | {"framework"}
     # the per-turn facts of 06's metrics: no W rule here; the oracle's every step is a valid call
     assert rec[0]["workflow_checks"] == 0 and rec[0]["error_turns"] == []
@@ -89,8 +90,8 @@ def test_records_have_04s_schema_and_name_the_framework():
 def test_the_oracle_with_a_tokenizer_records_ids_that_decode_to_its_replies(tiny):
     tok = tiny[1]
     task = next(t for t in TEST_TASKS if t["family"] == "sum")
-    model = B.OracleModel(R, task, tok)
-    rec = B.run_episode(R, task, model, R.Workspace(task["files"]), 6, META, "oracle", 0.0)
+    model = B.OracleModel(task, tok)
+    rec = B.run_episode(ENV, task, model, R.Workspace(task["files"]), 6, META, "oracle", 0.0)
     assert rec["success"] and len(rec["model_turns"]) == rec["turns"] == len(task["solution"])
     for step, sent, turn in zip(task["solution"], model.sent, rec["model_turns"]):
         assert turn["prompt_ids"] == R.encode(tok, sent)
@@ -117,7 +118,7 @@ def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
     args = types.SimpleNamespace(temperature=1.0, max_new_tokens=24, seed=0)
     backend = R.HFBackend(path, tok, args)
     R.seed_everything(0)
-    records = B.run_smolagents_episodes(R, TEST_TASKS[:3], str(path), backend, tok, max_turns=3, max_new_tokens=24,
+    records = B.run_smolagents_episodes(ENV, TEST_TASKS[:3], str(path), backend, tok, max_turns=3, max_new_tokens=24,
                                         temperature=1.0, progress=False, positions=8192)
     for rec in records:
         assert 1 <= rec["turns"] <= 3 and len(rec["model_turns"]) == rec["turns"]
@@ -138,8 +139,8 @@ def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
             calls.append((prompts[0], out[0]))
             return out
 
-    model = B.PolicyModel(R, Recording(), tok, 8192, 24)
-    rec = B.run_episode(R, TEST_TASKS[0], model, R.Workspace(TEST_TASKS[0]["files"]), 3, META, "tiny", 1.0)
+    model = B.PolicyModel(Recording(), tok, 8192, 24)
+    rec = B.run_episode(ENV, TEST_TASKS[0], model, R.Workspace(TEST_TASKS[0]["files"]), 3, META, "tiny", 1.0)
     assert len(calls) == len(model.sent) == rec["turns"] == len(rec["model_turns"])
     extended = 0
     for i, ((prompt, (ids, lps)), sent, turn) in enumerate(zip(calls, model.sent, rec["model_turns"])):
@@ -166,7 +167,7 @@ def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
 def test_a_prompt_over_the_positions_ends_the_episode_as_context_limit(tiny):
     path, tok = tiny
     backend = R.HFBackend(path, tok, types.SimpleNamespace(temperature=1.0, max_new_tokens=16, seed=0))
-    rec = B.run_smolagents_episodes(R, [TASK], str(path), backend, tok, 3, 16, 1.0, progress=False,
+    rec = B.run_smolagents_episodes(ENV, [TASK], str(path), backend, tok, 3, 16, 1.0, progress=False,
                                     positions=1000)[0]
     assert rec["finish_reason"] == "context_limit" and rec["turns"] == 0 and rec["reward"] == 0.0
 
@@ -245,10 +246,10 @@ def test_tools_keep_04s_semantics():
 
 def test_bad_input_is_a_clear_error():
     no_solution = dict(TASK, solution=None)
-    with pytest.raises(R.InputError, match="needs a 'solution'"):
-        B.run_smolagents_episodes(R, [no_solution], "oracle", None, None, 6, 128, 0.0, progress=False)
-    with pytest.raises(R.InputError, match="max_turns"):
-        B.run_smolagents_episodes(R, [TASK], "oracle", None, None, 0, 128, 0.0, progress=False)
+    with pytest.raises(B.BridgeError, match="needs a 'solution'"):
+        B.run_smolagents_episodes(ENV, [no_solution], "oracle", None, None, 6, 128, 0.0, progress=False)
+    with pytest.raises(B.BridgeError, match="max_turns"):
+        B.run_smolagents_episodes(ENV, [TASK], "oracle", None, None, 0, 128, 0.0, progress=False)
 
 
 # ----------------------------------------------------------------------------- through 04's command line
@@ -263,3 +264,16 @@ def test_04_cli_runs_the_oracle_inside_smolagents(tmp_path):
     config = json.loads((tmp_path / "smol.04_rollout_config.json").read_text())
     assert config["episodes"] == len(TEST_TASKS) and config["versions"]["smolagents"] == B.smolagents.__version__
     assert "success 1.000" in proc.stdout
+
+
+def test_04_cli_reports_the_bridges_bad_input(tmp_path):
+    """The bridge's own error (a task the oracle cannot solve: no solution) reaches 04's command line as one error
+    line with exit status 2, and nothing is written."""
+    from conftest import run_stage
+    tasks, out = tmp_path / "tasks.jsonl", tmp_path / "out" / "smol.jsonl"
+    tasks.write_text(json.dumps({k: v for k, v in TASK.items() if k != "solution"}) + "\n")
+    proc = run_stage("04_rollout.py", "--run", tmp_path, "--eval", "--policy", "oracle", "--harnesses", "smolagents",
+                     "--tasks", tasks, "--out", out, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == f"error: task {TASK['task_id']!r}: the oracle needs a 'solution'"
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,564 @@
+"""Compare runs: the paper's table across policies, on common ground, with paired differences to a reference row.
+
+06 evaluates one policy and leaves RUN/eval/LABEL/{summary.json, base.jsonl, inspace.jsonl, ...}; this program
+reads those folders of several runs, checks that every row was scored on the same ground (the same tasks, the same
+(task, harness) pairs, samples and settings), and writes one table: pass@1 of every row with its 95% interval, and
+each row's paired difference to the reference row, with a paired bootstrap interval over tasks and an exact sign
+test on the tasks where the two differ. With --experiment (an experiment folder of pipeline.py) the table also says
+what each method spent (rollout episodes, minibatches, optimizer steps, wall time): the one writer of that file.
+
+    python compare.py runs/default runs/single-harness
+    python compare.py base=runs/exp/base/eval/final \
+        oa=runs/exp/oa-s0/eval/final,runs/exp/oa-s1/eval/final --reference base --out runs/exp/comparison
+    python compare.py warm-start=runs/exp/warm-start/eval/warm-start \
+        harness-scaling=runs/exp/harness-scaling/eval/harness-scaling --reference harness-scaling \
+        --experiment runs/exp --out runs/exp/comparison      # as pipeline.py calls it: + the compute table
+
+ITEM: RUN (one row per label of its eval_summary.json) or [NAME=]EVALDIR[,EVALDIR...] (RUN/eval/LABEL folders;
+several = seed replicates of one method, one row: a pair's success is its mean over samples, then replicates).
+Common ground, checked: the splits every row has; Out-of-Space without the external harnesses any row trained on
+(a black-box baseline trained inside X-shell); then every row must have the same settings (SAME_CONFIG) and the
+same (task, harness) pairs in every split, and a row's replicates the same evaluation set.
+
+Reads   EVALDIR/summary.json (train_ids, splits, config), EVALDIR/<split>.jsonl   (06)
+        --experiment EXP: EXP/experiment_config.json, and each method's run folder: iter_*/rollouts.jsonl,
+        iter_*/train_log.jsonl, sft/, assignment.jsonl, train_harnesses.jsonl, step_times.json
+Writes  --out PREFIX: PREFIX.md, PREFIX.json (written last)
+"""
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
+SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "external": "Out-of-Space", "smolagents": "smolagents"}
+COMPONENTS = ["S", "T", "O", "C", "W"]
+# rows must agree on these (the engine too: an hf row and a vLLM row, or bf16 and fp32, or two context lengths,
+# sample different episodes from the same weights)
+SAME_CONFIG = ["samples", "temperature", "max_turns", "max_new_tokens", "backend", "dtype", "max_model_len"]
+CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*) where every task scores 0 or 1; "
+           "where a task's value is a mean over harnesses or samples, Clopper-Pearson on the effective number of "
+           "trials (Korn-Graubard; coverage checked by simulation, README \"Metrics\").")
+
+
+# ----------------------------------------------------------------------------- Args
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("items", nargs="+", metavar="ITEM",
+                   help="RUN (one row per label of its eval_summary.json) or [NAME=]EVALDIR[,EVALDIR...] "
+                        "(RUN/eval/LABEL folders; several = seed replicates of one method, one row)")
+    p.add_argument("--reference", default=None, help="the row the paired differences are taken to "
+                                                     "(default: the first row)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the paired bootstrap")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% interval")
+    p.add_argument("--experiment", default=None, metavar="EXP",
+                   help="an experiment folder of pipeline.py: add what each of its methods spent, and its settings")
+    p.add_argument("--out", default=None, metavar="PREFIX", help="also write PREFIX.md and PREFIX.json")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- helpers (the same in every stage)
+def fail(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def write_atomic(path, text):
+    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # e.g. interrupted: no half .tmp left behind
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def levels_of(harness_id):
+    """'S0-T2-O1-C0-W1' -> {'S': 0, 'T': 2, ...}; None for an out-of-space harness id."""
+    parts = harness_id.split("-")
+    if len(parts) != len(COMPONENTS) or any(p[:1] != c or not p[1:].isdigit() for p, c in zip(parts, COMPONENTS)):
+        return None
+    return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
+
+def fmt(split):
+    """'pass@1 [lo, hi]' in %; '*' marks the exact (Clopper-Pearson) interval."""
+    if split is None:
+        return "n/a"
+    lo, hi = split["ci95"]
+    star = "*" if split.get("ci_method") == "exact" else ""
+    return f"{100 * split['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]{star}"
+
+def split_title(split, summaries):
+    """Column title; the framework column is named after the framework and version its episodes ran in."""
+    names = sorted({s["splits"][split].get("framework") or "" for s in summaries if split in s["splits"]} - {""})
+    return " / ".join(names) if split == "smolagents" and names else SPLIT_TITLES[split]
+
+
+# ---- input checking ----
+# Every file is checked as it is read: bad input stops with one line naming the file, the line and the field
+# (exit 2), before anything is written.
+def read_utf8(path):
+    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(f"{path}:{data[:e.start].count(bytes([10])) + 1}: invalid UTF-8 (byte {data[e.start]:#04x})")
+
+def read_jsonl(path, required=(), numbered=False):
+    """Rows of a JSONL file (with numbered=True: (line number, row) pairs)."""
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found")
+    rows = []
+    for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            fail(f"{path}:{lineno}: malformed JSON ({e.msg})")
+        if not isinstance(row, dict):
+            fail(f"{path}:{lineno}: expected a JSON object")
+        for field in required:
+            if field not in row:
+                fail(f"{path}:{lineno}: missing field '{field}'")
+        rows.append((lineno, row) if numbered else row)
+    return rows
+
+def read_json(path, hint=""):
+    path = Path(path)
+    if not path.is_file():
+        fail(f"{path}: file not found{hint}")
+    try:
+        return json.loads(read_utf8(path))
+    except json.JSONDecodeError as e:
+        fail(f"{path}:{e.lineno}: malformed JSON ({e.msg})")
+
+def compare_rows(items):
+    """ITEMs -> rows {name, evaldirs, summaries}: a RUN gives one row per label of its eval_summary.json;
+    [NAME=]EVALDIR[,EVALDIR...] gives one row (several EVALDIRs: seed replicates of one method)."""
+    rows = []
+    for item in items:
+        name, _, dirs = item.partition("=") if "=" in item else ("", "", item)
+        paths = [Path(d) for d in dirs.split(",") if d]
+        if len(paths) == 1 and not name and not (paths[0] / "summary.json").is_file():  # a RUN folder
+            run = paths[0]
+            summaries = read_json(run / "eval_summary.json", f" (run 06_evaluate.py --run {run} first, or give a "
+                                                            "RUN/eval/LABEL folder with summary.json)")
+            rows += [{"name": f"{run.name}/{label}", "evaldirs": [run / "eval" / label],
+                      "summaries": [checked_summary(s, f"{run / 'eval_summary.json'}, label {label!r}")]}
+                     for label, s in summaries.items()]
+        elif paths:
+            rows.append({"name": name or f"{paths[0].parent.parent.name}/{paths[0].name}", "evaldirs": paths,
+                         "summaries": [checked_summary(read_json(d / "summary.json", " (an EVALDIR is a RUN/eval/"
+                                                                 "LABEL folder 06 wrote)"), d / "summary.json")
+                                       for d in paths]})
+        else:
+            fail(f"{item!r}: no folder given")
+    return rows or fail("no rows (the runs' eval_summary.json files are empty)")
+
+
+def checked_summary(summary, where):
+    """A summary as 06 writes it: splits, train_ids, and the settings every row must share (config)."""
+    if not isinstance(summary, dict) or not isinstance(summary.get("splits"), dict):
+        fail(f"{where}: field 'splits' is missing (not a summary 06 wrote)")
+    if not isinstance(summary.get("train_ids"), list):
+        fail(f"{where}: field 'train_ids' is missing (an older 06 wrote it: evaluate the policy again)")
+    config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
+    for field in SAME_CONFIG:
+        if field not in config:
+            fail(f"{where}: field 'config.{field}' is missing (an older 06 wrote it: evaluate the policy again)")
+    return summary
+
+
+def load_pairs(evaldir, summary, excluded):
+    """{split: {(task, harness): success averaged over samples}} of one EVALDIR; Out-of-Space without `excluded`."""
+    return {split: pair_means([e for e in read_jsonl(evaldir / f"{split}.jsonl", required=("task_id", "harness_id",
+                                                                                           "success"))
+                               if not (split == "external" and e["harness_id"] in excluded)])
+            for split in summary["splits"]}
+
+
+def experiment_runs(exp):
+    """An experiment folder of pipeline.py -> ({"METHOD (seed S)": run folder}, its settings): the settings are
+    its experiment_config.json less the method list (the rows show it), plus its evaluation set's path."""
+    config = read_json(exp / "experiment_config.json", " (an experiment folder pipeline.py made)")
+    for field in ("methods", "seeds"):
+        if not isinstance(config, dict) or not isinstance(config.get(field), list):
+            fail(f"{exp / 'experiment_config.json'}: field '{field}' (a list) is missing")
+    seeds = config["seeds"]
+    runs = {f"{m} (seed {s})": exp / (m if len(seeds) == 1 else f"{m}-seed{s}") for m in config["methods"]
+            for s in seeds}
+    for run in runs.values():
+        if not (run / "assignment.jsonl").is_file():
+            fail(f"{run / 'assignment.jsonl'}: file not found (the experiment's runs are not all there)")
+    settings = {k: v for k, v in config.items() if k != "methods"}
+    return runs, dict(settings, eval_harnesses=str(exp / "eval_harnesses.jsonl"))
+
+
+# ---- the algorithm ----
+# ----------------------------------------------------------------------------- statistics
+def pair_means(episodes):
+    """{(task_id, harness_id): success averaged over the pair's samples}."""
+    by_pair = defaultdict(list)
+    for e in episodes:
+        by_pair[(e["task_id"], e["harness_id"])].append(float(e["success"]))
+    return {k: float(np.mean(v)) for k, v in by_pair.items()}
+
+def task_means(pairs, tasks):
+    """[n_tasks] per-task pass@1: mean over the task's (harness) pairs, each a mean over its samples."""
+    by_task = defaultdict(list)
+    for (t, _), v in pairs.items():
+        by_task[t].append(v)
+    return np.array([np.mean(by_task[t]) for t in tasks])
+
+def bootstrap_ci(values, n_boot, seed):
+    """95% percentile interval of mean(values) by resampling the values (one per TASK) with replacement. Given the
+    per-task differences of two rows, this is the paired bootstrap: both rows get the same resampled tasks."""
+    values = np.asarray(values, dtype=float)  # [n_tasks]
+    if len(values) < 2:
+        return [float(values.mean()), float(values.mean())] if len(values) else [0.0, 0.0]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(values), size=(n_boot, len(values)))  # [n_boot, n_tasks]
+    means = values[idx].mean(axis=1)  # [n_boot]
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+
+def betainc(a, b, x):
+    """Regularised incomplete beta I_x(a, b) = P(Beta(a, b) <= x), by its continued fraction (Lentz's method;
+    Numerical Recipes 6.4). For integers, I_p(k, n - k + 1) = P(Binomial(n, p) >= k)."""
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below the mean: use the symmetry
+        return 1 - betainc(b, a, 1 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    c, d, f = 1.0, 1 - (a + b) * x / (a + 1), 0.0
+    d = 1 / (d if abs(d) > 1e-300 else 1e-300)
+    f = d
+    for m in range(1, 500):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d, c = 1 + num * d, 1 + num / c
+            d, c = 1 / (d if abs(d) > 1e-300 else 1e-300), (c if abs(c) > 1e-300 else 1e-300)
+            f *= c * d
+        if abs(c * d - 1) < 1e-12:
+            break
+    return front * f
+
+def beta_quantile(q, a, b):
+    """x with I_x(a, b) = q, by bisection (I is increasing in x)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if betainc(a, b, mid) < q else (lo, mid)
+    return (lo + hi) / 2
+
+def clopper_pearson(k, n, alpha=0.05):
+    """Exact (Clopper-Pearson) interval for k successes in n trials; k may be fractional (an effective count):
+    lower = Beta quantile alpha/2 of (k, n - k + 1), upper = Beta quantile 1 - alpha/2 of (k + 1, n - k).
+    0/40 -> [0, 0.088]; 1/40 -> [0.0006, 0.132]."""
+    lo = 0.0 if k <= 0 else beta_quantile(alpha / 2, k, n - k + 1)
+    hi = 1.0 if k >= n else beta_quantile(1 - alpha / 2, k + 1, n - k)
+    return [lo, hi]
+
+def t_quantile_975(df):
+    """Student t 97.5% quantile (2.069 at df = 23): P(T > t) = I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 = 0.025."""
+    lo, hi = 0.0, 1000.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if betainc(df / 2, 0.5, df / (df + mid * mid)) / 2 > 0.025 else (lo, mid)
+    return (lo + hi) / 2
+
+def trials_per_task(v):
+    """The smallest m <= 10000 with every v * m an integer: a task's value is successes / m (pairs x samples)."""
+    return next((m for m in range(1, 10001) if np.allclose(v * m, np.round(v * m), atol=1e-6)), 10000)
+
+def pass1_ci(task_values, n_boot, seed):
+    """(95% interval, method) of pass@1 = mean of the per-task values; every table row goes through here.
+    - every task 0 or 1: Clopper-Pearson on k of n tasks ("exact"), at every count.
+    - a task's value is a mean over m harnesses / samples: Korn-Graubard (1998), Clopper-Pearson on the effective
+      number of trials n_eff = p (1 - p) / Var(p), Var(p) = s^2 / n from the spread of the task values (tasks are
+      the independent units), at most n m, times (z / t_{n-1})^2 for the estimated variance ("korn-graubard").
+      Its coverage is checked by simulation: bench/ci_coverage.py, README "Metrics".
+    n_boot and seed are the paired bootstrap's (compare); this interval needs no resampling."""
+    v = np.asarray(task_values, dtype=float)  # [n_tasks]
+    n = len(v)
+    if n == 0:
+        return [0.0, 1.0], "exact"
+    if np.all((v == 0) | (v == 1)):
+        return clopper_pearson(int(v.sum()), n), "exact"
+    p, var = float(v.mean()), float(v.var(ddof=1)) / n if n > 1 else 0.0  # Var(p) = s^2 / n over tasks
+    n_max = n * trials_per_task(v)  # the Bernoulli trials behind the values: the effective count cannot exceed it
+    # n_eff = p (1 - p) / Var(p) x (z / t_{n-1})^2, at most n m
+    n_eff = min(p * (1 - p) / var * (1.959964 / t_quantile_975(n - 1)) ** 2, n_max) if var > 0 else n_max
+    return clopper_pearson(p * n_eff, n_eff), "korn-graubard"
+
+def sign_test(better, worse):
+    """Exact two-sided sign test on the discordant tasks: p = min(1, 2 P(X <= min(b, w))), X ~ Bin(b + w, 1/2)."""
+    n = better + worse
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(better, worse) + 1)) / 2 ** n)
+
+
+# ----------------------------------------------------------------------------- common ground, paired differences
+def first_difference(what, a_name, a, b_name, b):
+    """'WHAT differ: A has X, B does not' for the first element in one set and not the other; None if equal."""
+    if a == b:
+        return None
+    x, y, first = (a_name, b_name, min(a - b)) if a - b else (b_name, a_name, min(b - a))
+    return f"{what} differ: {x} has {first}, {y} does not"
+
+def ground_difference(a_name, a, b_name, b, splits):
+    """How two rows (or replicates) first differ: a setting, else a split's harness ids, tasks, or pairs."""
+    for f in SAME_CONFIG:
+        if a["config"][f] != b["config"][f]:
+            return f"{f} differs: {a_name} has {a['config'][f]}, {b_name} has {b['config'][f]}"
+    for split in splits:
+        for what, key in (("harness ids", lambda p: p[1]), ("tasks", lambda p: p[0]), ("(task, harness) pairs", None)):
+            msg = first_difference(f"{SPLIT_TITLES[split]} {what}", a_name, set(map(key or tuple, a["pairs"][split])),
+                                   b_name, set(map(key or tuple, b["pairs"][split])))
+            if msg:
+                return msg
+    return None
+
+def compare(args):
+    """One table across policies on common ground (the same tasks, harnesses, samples and settings in every row),
+    with paired differences of pass@1 to a reference row; with --experiment, what each method spent."""
+    rows = compare_rows(args.items)
+    runs, settings = experiment_runs(Path(args.experiment).resolve()) if args.experiment else (None, None)
+    rows, splits, excluded = common_ground(rows)
+    names = [r["name"] for r in rows]
+    if args.reference is not None and args.reference not in names:
+        fail(f"--reference {args.reference!r}: no such row (rows: {', '.join(names)})")
+    ref = rows[names.index(args.reference)] if args.reference is not None else rows[0]
+    ground = {"splits": {s: {"tasks": len({t for t, _ in ref["pairs"][s]}), "pairs": len(ref["pairs"][s]),
+                             "harness_ids": sorted({h for _, h in ref["pairs"][s]})} for s in splits},
+              "excluded_external": [h for h in excluded if levels_of(h) is None], **ref["config"]}
+    report = {"reference": ref["name"], "common_ground": ground, "rows": paired_rows(rows, ref, splits, args)}
+    md = compare_markdown(report, splits, [s for r in rows for s in r["summaries"]])
+    if runs is not None:
+        report.update(compute={name: compute_of(run) for name, run in runs.items()}, settings=settings)
+        md += compute_markdown(report["compute"])
+    print(md)
+    if args.out:
+        write_atomic(f"{args.out}.md", md)
+        write_atomic(f"{args.out}.json", json.dumps(report, indent=2))  # last: a pipeline's done marker
+        print(f"[compare] wrote {args.out}.md and {args.out}.json")
+
+
+def common_ground(rows):
+    """Every row's pairs on common ground: Out-of-Space without the external harnesses any row trained on, a row's
+    replicates averaged (one evaluation set), then the splits every row has, with the same settings and (task,
+    harness) pairs in every row. -> (rows with config and pairs, splits, excluded harness ids)."""
+    for r in rows:
+        r["train_ids"] = sorted({h for s in r["summaries"] for h in s["train_ids"]})
+    # common ground 1: Out-of-Space keeps only the external harnesses that no row trained on
+    excluded = sorted({h for r in rows for h in r["train_ids"]})
+    for r in rows:
+        reps = [{"config": {f: s["config"][f] for f in SAME_CONFIG}, "pairs": load_pairs(d, s, excluded)}
+                for d, s in zip(r["evaldirs"], r["summaries"])]
+        for d, rep in zip(r["evaldirs"][1:], reps[1:]):  # seed replicates: one evaluation set
+            first = r["evaldirs"][0]
+            msg = first_difference("splits", first, set(reps[0]["pairs"]), d, set(rep["pairs"])) or \
+                ground_difference(first, reps[0], d, rep, reps[0]["pairs"])
+            if msg:
+                fail(f"row {r['name']}: its replicates must share one evaluation set: {msg}")
+        r["config"] = reps[0]["config"]  # a pair's success: mean over samples, then over replicates
+        r["pairs"] = {sp: {k: float(np.mean([x["pairs"][sp][k] for x in reps])) for k in v}
+                      for sp, v in reps[0]["pairs"].items()}
+    # common ground 2: the splits every row has, with the same settings and (task, harness) pairs in every row
+    splits = [s for s in SPLITS if all(r["pairs"].get(s) for r in rows)]
+    for s in SPLITS:
+        if s not in splits and any(s in x for r in rows for x in r["pairs"]):
+            print(f"[compare] note: {SPLIT_TITLES[s]} left out of the table: some row has no episodes in it on "
+                  f"common ground ({', '.join(r['name'] for r in rows if not r['pairs'].get(s))})")
+    if not splits:
+        fail("no split is common to every row")
+    for r in rows[1:]:
+        msg = ground_difference(f"row {rows[0]['name']}", rows[0], f"row {r['name']}", r, splits)
+        if msg:
+            fail(f"rows are not on common ground: {msg}")
+    return rows, splits, excluded
+
+
+def paired_rows(rows, ref, splits, args):
+    """Each row's pass@1 per split with its interval, and its paired difference to the reference row."""
+    out_rows = []
+    for r in rows:
+        res = {}
+        for s in splits:
+            tasks = sorted({t for t, _ in r["pairs"][s]})
+            mine, theirs = (task_means(x["pairs"][s], tasks) for x in (r, ref))
+            ci, method = pass1_ci(mine, args.bootstrap, args.seed)
+            # paired difference d = mean over tasks of (row's per-task pass@1 - reference's), interval by the
+            # paired bootstrap: the same resampled tasks for both rows, a task's harnesses kept together
+            # and an exact sign test on the discordant tasks (better vs worse); identical rows say so instead of
+            # printing a zero-width interval
+            d, other = mine - theirs, r is not ref
+            better, worse, identical = int((d > 0).sum()), int((d < 0).sum()), bool(np.all(d == 0))
+            res[s] = {"pass@1": float(np.mean(list(r["pairs"][s].values()))), "ci95": ci, "ci_method": method,
+                      "pairs": len(r["pairs"][s]), "tasks": len(tasks),
+                      "diff_vs_reference": float(d.mean()) if other else None,
+                      "diff_ci95": bootstrap_ci(d, args.bootstrap, args.seed) if other and not identical else None,
+                      "better_tasks": better if other else None, "worse_tasks": worse if other else None,
+                      "sign_test_p": sign_test(better, worse) if other else None,
+                      "identical": identical if other else None}
+        out_rows.append({"name": r["name"], "evaldirs": [str(d) for d in r["evaldirs"]],
+                         "policies": [s.get("policy") for s in r["summaries"]], "train_ids": r["train_ids"],
+                         "inspace_ids": sorted({h for _, h in r["pairs"].get("inspace", {})}),
+                         "task_ids": sorted({t for s in splits for t, _ in r["pairs"][s]}), "splits": res})
+    return out_rows
+
+
+# ----------------------------------------------------------------------------- what each method spent
+def compute_of(run):
+    """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage."""
+    rollouts = [e for p in run.glob("iter_*/rollouts.jsonl") for e in read_jsonl(p, required=("task_id", "harness_id"))]
+    logs = [r for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")] for r in read_jsonl(p)]
+    groups = {a["task_id"]: set(a["harness_ids"]) for a in read_jsonl(run / "assignment.jsonl",
+                                                                      required=("task_id", "harness_ids"))}
+    seen = {}
+    for e in rollouts:
+        seen.setdefault(e["task_id"], set()).add(e["harness_id"])
+    times = read_json(run / "step_times.json") if (run / "step_times.json").is_file() else {}
+    # minibatches: the budget every method gets; optimizer steps: those with signal (05 skips the others)
+    return {"rollout_episodes": len(rollouts), "minibatches": len(logs),
+            "optimizer_steps": sum(r.get("optimizer_step", True) for r in logs),
+            "sft_demos": len(read_jsonl(run / "sft" / "demos.jsonl")) if (run / "sft").is_dir() else 0,
+            "train_s": round(sum(v for k, v in times.items() if k[:2] in ("04", "05")), 1),
+            "eval_s": round(sum(v for k, v in times.items() if k.startswith("06")), 1),
+            "tasks_trained": len(seen), "tasks_saw_all_K": sum(seen[t] == groups[t] for t in seen),
+            "training_harnesses": sorted({h for hs in seen.values() for h in hs}) or
+            sorted(h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",)))}
+
+
+def compute_markdown(compute):
+    lines = ["", "## Compute per method", "",
+             "| method | rollout episodes | minibatches | optimizer steps (with signal) | SFT demos | train s | eval s "
+             "| tasks that saw all K |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {name} | {c['rollout_episodes']} | {c['minibatches']} | {c['optimizer_steps']} | {c['sft_demos']} "
+              f"| {c['train_s']} | {c['eval_s']} | {c['tasks_saw_all_K']} / {c['tasks_trained']} |"
+              for name, c in compute.items()]
+    return "\n".join(lines) + "\n"
+
+
+def compare_markdown(report, splits, summaries):
+    g, ref = report["common_ground"], report["reference"]
+    shape = "; ".join(f"{SPLIT_TITLES[s]} {g['splits'][s]['tasks']} tasks x {len(g['splits'][s]['harness_ids'])} "
+                      "harness(es)" for s in splits)
+    left = f"; Out-of-Space leaves out {', '.join(g['excluded_external'])} (trained by a row)" \
+        if g["excluded_external"] and "external" in splits else ""
+    lines = [f"Common ground: {shape}; samples {g['samples']}, temperature {g['temperature']}, max_turns "
+             f"{g['max_turns']}, max_new_tokens {g['max_new_tokens']}{left}.", CI_NOTE,
+             f"Δ = paired difference of pass@1 to {ref} in points [95% paired bootstrap over tasks, a task's "
+             "harnesses kept together] (tasks better / worse, p of the exact two-sided sign test on them).", "",
+             "| policy | " + " | ".join(f"{split_title(s, summaries)} | Δ vs {ref}" for s in splits) + " |",
+             "| --- |" + " --- | --- |" * len(splits)]
+    for r in report["rows"]:
+        cells = []
+        for s in splits:
+            x = r["splits"][s]
+            if x["diff_vs_reference"] is None:
+                delta = "reference"
+            elif x["identical"]:
+                delta = f"identical on all {x['tasks']} tasks"
+            else:
+                lo, hi = x["diff_ci95"]
+                delta = (f"{100 * x['diff_vs_reference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] "
+                         f"({x['better_tasks']} / {x['worse_tasks']}, p {x['sign_test_p']:.2g})")
+            cells += [fmt(x), delta]
+        name = r["name"] + (f" ({len(r['evaldirs'])} replicates)" if len(r["evaldirs"]) > 1 else "")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
+LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
+    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
+    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
+    the folders made for it if they stayed empty: bad input leaves nothing behind."""
+    path = Path(path).resolve()
+    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+                pid = int(holder["pid"])
+            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
+                holder, pid = {}, None
+            if pid is not None and inherited.get(str(path)) == str(pid):
+                yield  # our parent holds it
+                return
+            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
+                    time.time() - path.stat().st_mtime < 5:
+                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
+                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
+                raise SystemExit(2)
+            path.unlink(missing_ok=True)  # stale: its process is gone
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
+    before = os.environ.get(LOCK_ENV)
+    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
+    term = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, term)
+        if before is None:
+            os.environ.pop(LOCK_ENV, None)
+        else:
+            os.environ[LOCK_ENV] = before
+        path.unlink(missing_ok=True)
+        for p in made:  # deepest first
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None):
+    args = parse_args(argv)
+    with locked(Path(args.out).parent / "run.lock") if args.out else contextlib.nullcontext():  # one writer
+        compare(args)
+
+
+if __name__ == "__main__":
+    main()
