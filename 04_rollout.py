@@ -11,7 +11,7 @@
     # a real agent framework as the black box: smolagents' ToolCallingAgent (smolagents_harness.py)
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses smolagents --out /tmp/smol.jsonl
 
-Harness records, tasks and the rollout format: README.md. S.template and W.rules may use {tool_docs},
+Harness records, tasks and the rollout format: docs/stages.md. S.template and W.rules may use {tool_docs},
 {workflow_rules}, {max_turns}, {submit}. Out-of-space extras (X-shell, X-react: data/external_harnesses.json):
 S.placement "user" (no system message; S.task_prefix before the request), T.syntax "shell" (```sh block, T.tools
 names the commands) or "react" (`Action:` + `Action Input: {json}`, or T.final_answer (default `Final Answer:`)
@@ -261,7 +261,7 @@ def load_tasks(path):
 
 
 # ----------------------------------------------------------------------------- harness records
-# The harness record's schema. What 04 reads from each component (01 writes it; README and
+# The harness record's schema. What 04 reads from each component (01 writes it; docs/stages.md and
 # docs/robustness.md list the same table): field -> (kind, required). Optional fields fall back to the base's behaviour.
 HARNESS_SCHEMA = {
     "S": {"template": ("text", True), "placement": (("system", "user"), False), "task_prefix": ("text or null", False)},

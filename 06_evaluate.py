@@ -459,7 +459,7 @@ def pass1_ci(task_values, n_boot, seed):
     - a task's value is a mean over m harnesses / samples: Korn-Graubard (1998), Clopper-Pearson on the effective
       number of trials n_eff = p (1 - p) / Var(p), Var(p) = s^2 / n from the spread of the task values (tasks are
       the independent units), at most n m, times (z / t_{n-1})^2 for the estimated variance ("korn-graubard").
-      Its coverage is checked by simulation: bench/ci_coverage.py, README "Metrics".
+      Its coverage is checked by simulation: bench/ci_coverage.py, docs/metrics.md.
     n_boot and seed are unused: this interval needs no resampling (compare.py's paired bootstrap does)."""
     v = np.asarray(task_values, dtype=float)  # [n_tasks]
     n = len(v)
@@ -485,7 +485,7 @@ def wilson(k, n, z=1.96):
 
 # ----------------------------------------------------------------------------- scoring
 def behaviour(episodes):
-    """Behavioural metrics from the transcripts' counters (see README, "Metrics"); None where the rollout records
+    """Behavioural metrics from the transcripts' counters (docs/metrics.md); None where the rollout records
     lack the fields a metric needs (files made before 04 wrote them)."""
     n = len(episodes)
     turns = sum(e["turns"] for e in episodes)
@@ -571,7 +571,7 @@ def split_title(split, summaries):
 
 CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*) where every task scores 0 or 1; "
            "where a task's value is a mean over harnesses or samples, Clopper-Pearson on the effective number of "
-           "trials (Korn-Graubard; coverage checked by simulation, README \"Metrics\").")
+           "trials (Korn-Graubard; coverage checked by simulation, docs/metrics.md).")
 
 
 def table(rows):

@@ -47,7 +47,7 @@ COMPONENTS = ["S", "T", "O", "C", "W"]
 SAME_CONFIG = ["samples", "temperature", "max_turns", "max_new_tokens", "backend", "dtype", "max_model_len"]
 CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*) where every task scores 0 or 1; "
            "where a task's value is a mean over harnesses or samples, Clopper-Pearson on the effective number of "
-           "trials (Korn-Graubard; coverage checked by simulation, README \"Metrics\").")
+           "trials (Korn-Graubard; coverage checked by simulation, docs/metrics.md).")
 
 
 # ----------------------------------------------------------------------------- Args
@@ -294,7 +294,7 @@ def pass1_ci(task_values, n_boot, seed):
     - a task's value is a mean over m harnesses / samples: Korn-Graubard (1998), Clopper-Pearson on the effective
       number of trials n_eff = p (1 - p) / Var(p), Var(p) = s^2 / n from the spread of the task values (tasks are
       the independent units), at most n m, times (z / t_{n-1})^2 for the estimated variance ("korn-graubard").
-      Its coverage is checked by simulation: bench/ci_coverage.py, README "Metrics".
+      Its coverage is checked by simulation: bench/ci_coverage.py, docs/metrics.md.
     n_boot and seed are the paired bootstrap's (compare); this interval needs no resampling."""
     v = np.asarray(task_values, dtype=float)  # [n_tasks]
     n = len(v)

