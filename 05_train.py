@@ -14,8 +14,8 @@ AdamW's momentum would move the weights on zero gradients. Where another engine 
 (truncated IS, --tis-cap / --no-tis). Each stored model turn is one sequence prompt + completion;
 turns whose prompt extends the previous prompt + completion are merged (same loss, fewer tokens). The
 LM head runs in chunks of --logit-chunk completion tokens: memory is bounded by a chunk (docs/rl-cost.md).
+The toy preset's tiny model is built by data/tiny_model.py.
 
-    python 05_train.py --init-tiny --out runs/toy/tiny --corpus demos_text.jsonl data/train_tasks.jsonl
     python 05_train.py --algo sft --policy runs/toy/tiny --rollouts demos.jsonl --out runs/toy/init_policy \
         --epochs 6 --lr 3e-3
     python 05_train.py --run runs/toy --iteration 0 --algo grpo --lr 3e-4
@@ -38,7 +38,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import sys
@@ -108,14 +107,6 @@ def parse_args(argv=None):
     g.add_argument("--score-all-old", action="store_true", help=argparse.SUPPRESS)
     # [distributed] tests only: the biased port (loss / the rank's own N_B, gradients averaged over ranks)
     g.add_argument("--naive-local-nb", action="store_true", help=argparse.SUPPRESS)
-    g = p.add_argument_group("tiny model (--init-tiny)")
-    g.add_argument("--init-tiny", action="store_true", help="build the toy tokenizer + tiny Llama into --out")
-    g.add_argument("--corpus", nargs="+", default=[], help="JSONL files whose strings train the tokenizer")
-    g.add_argument("--vocab-size", type=int, default=2048)
-    g.add_argument("--tiny-layers", type=int, default=2)
-    g.add_argument("--tiny-dim", type=int, default=128)
-    g.add_argument("--tiny-heads", type=int, default=8)
-    g.add_argument("--tiny-max-len", type=int, default=1024, help="max_position_embeddings")
     return p.parse_args(argv)
 
 
@@ -286,80 +277,6 @@ def gathered_optimizer_state(opt):
     """AdamW's state_dict() with full moments (integer parameter ids, like the one-process optimizer.pt)."""
     sd = opt.state_dict()
     return dict(sd, state={i: gathered(st) for i, st in sorted(sd["state"].items())})
-
-
-# ------------------------------------------------------------------------------------- tiny model
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
-# Pre-tokenizer: letters, digits, whitespace and punctuation runs are split apart, so a word or a
-# number is the same token wherever it stands ("417" in a file, after a quote, after a space):
-# copying an entity is then copying one token.
-PRETOKEN = r"[A-Za-z]+|[0-9]+|\s+|[^A-Za-z0-9\s]+"
-
-
-def collect_strings(obj, out):
-    if isinstance(obj, str):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            collect_strings(k, out)
-            collect_strings(v, out)
-    elif isinstance(obj, list):
-        for v in obj:
-            collect_strings(v, out)
-
-
-def init_tiny(args):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    if not args.out or not args.corpus:
-        fail("--init-tiny needs --out DIR and --corpus FILE [FILE ...]")
-    if args.tiny_dim % args.tiny_heads or min(args.tiny_layers, args.tiny_dim, args.vocab_size) < 1:
-        fail(f"--tiny-dim {args.tiny_dim} must be a positive multiple of --tiny-heads {args.tiny_heads}")
-    texts = ["system", "user", "assistant", "tool"]
-    for f in args.corpus:
-        for _, rec in read_jsonl(f):
-            collect_strings(rec, texts)
-    if len(texts) == 4:
-        fail(f"corpus {' '.join(args.corpus)}: no strings found")
-    seed_everything(args.seed)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKEN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=args.vocab_size, special_tokens=SPECIALS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  additional_special_tokens=["<|im_start|>"], chat_template=CHAT_TEMPLATE,
-                                  model_max_length=args.tiny_max_len)
-    eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=args.tiny_dim, intermediate_size=4 * args.tiny_dim,
-                      num_hidden_layers=args.tiny_layers, num_attention_heads=args.tiny_heads,
-                      num_key_value_heads=args.tiny_heads, max_position_embeddings=args.tiny_max_len,
-                      tie_word_embeddings=True, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
-    model = LlamaForCausalLM(cfg)
-    model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=pad, bos_token_id=pad)
-    out, tmp = Path(args.out), Path(str(args.out) + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    # how many distinct words / numbers of the corpus became single tokens (entities should)
-    words = {w for t in texts for w in re.findall(r"[A-Za-z]+|[0-9]+", t)}
-    single = sum(len(bpe.encode(w).ids) == 1 for w in words)
-    summary = dict(vocab=len(tok), params=sum(p.numel() for p in model.parameters()), strings=len(texts),
-                   single_token_words=f"{single}/{len(words)}")
-    write_atomic(tmp / "05_train_config.json", json.dumps({"args": vars(args), **summary}, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    print(f"[05] tiny model -> {out}: {summary}")
-    return summary
 
 
 # ---------------------------------------------------------------------------------- input checking
@@ -958,8 +875,6 @@ def main(argv=None):
 
 
 def run_stage(args):
-    if args.init_tiny:
-        return init_tiny(args)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     for k in ("ppo_epochs", "epochs", "micro_batch_size", "minibatches", "minibatch_size", "micro_batch_tokens"):
         if getattr(args, k) is not None and getattr(args, k) < 1:

