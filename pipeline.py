@@ -378,7 +378,7 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
              args, log, shards=args.gpus)
         step(f"05-it{t}", it / "policy",
              [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--lr", cfg["lr"],
-              "--seed", seed + t, "--ppo-epochs", cfg["ppo_epochs"]], args, log)
+              "--seed", seed + t, "--epochs", cfg["ppo_epochs"]], args, log)
         # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
         (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
     return run / f"iter_{cfg['iterations'] - 1:03d}" / "policy" if cfg["iterations"] else run / "init_policy"

@@ -53,7 +53,8 @@ def grads(model):
 
 
 def prepare(model, seqs, adv_by_ep):
-    T05.score(model, None, seqs, 0, "cpu", False, 4, "old_logp", "old")
+    for s, lp in zip(seqs, T05.sequence_logprobs(model, None, seqs, 0, "cpu", False, 4)[0]):
+        s["old_logp"] = lp
     for s in seqs:
         s["adv"] = torch.full((s["n"],), float(adv_by_ep[s["ep"]]))
     return seqs
@@ -257,6 +258,21 @@ def test_kl_to_the_reference_is_k3_by_hand(tiny, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- CLI
+def test_epochs_drive_every_algorithm_and_the_old_flag_name_still_works(tiny, tmp_path):
+    """--epochs: passes over the batch for GRPO/PPO as for SFT (defaults 2 and 1); --ppo-epochs is its old name."""
+    assert [T05.parse_args(["--algo", a]).epochs for a in ("grpo", "ppo", "sft")] == [2, 2, 1]
+    assert T05.parse_args(["--ppo-epochs", "3"]).epochs == T05.parse_args(["--epochs", "3"]).epochs == 3
+    roll = tmp_path / "r.jsonl"
+    roll.write_text("".join(json.dumps(r) + "\n" for r in random_episodes(
+        AutoTokenizer.from_pretrained(tiny).vocab_size, n=4, seed=5)))
+    for flag, n in (("--epochs", 3), ("--ppo-epochs", 1)):
+        out = tmp_path / flag.strip("-") / "policy"
+        T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(roll), "--out", str(out), flag, str(n),
+                  "--minibatches", "1", "--lr", "1e-3"])
+        rows = [json.loads(x) for x in (out.parent / "train_log.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in rows] == list(range(n))
+
+
 def write_run(tmp_path, tiny, recs):
     import shutil
     run = tmp_path / "run"
