@@ -759,7 +759,7 @@ def micro_step(model, vhead, mb, args, pad_id, device, amp, n_b, n_act, m):
 # -------------------------------------------------------------------------- the stage's steps, in order
 def load_policy(args, policy, device, probe_ids):
     """The policy (fp32 master weights, training mode without dropout), its tokenizer, the pad id and, for PPO, the
-    value head V(s_t) = w . h_t + b on the last hidden state (zero at first: V = 0, A = R; or the saved one).
+    value head V(s_t) = w . h_t + b on the last hidden state (zeros at first, or the one saved beside the policy).
     -> (tok, model, vhead or None, pad_id)"""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(policy)
@@ -1075,7 +1075,7 @@ def all_reduce_grads(params, naive=False):
 # full weights around its forward and backward (a model whose full copy does not fit one GPU). The N_B arithmetic
 # above does not change; four things do:
 # - every forward and backward is a collective, so every rank runs the same number of them: a rank with fewer
-#   micro-batches (or none) runs zero-weight ones (accumulate, score);
+#   micro-batches (or none) runs zero-weight ones (accumulate, sequence_logprobs);
 # - FSDP2 reduces each gradient to its MEAN over ranks; 05 needs the SUM (sum_gradients);
 # - 05 runs model.base_model and the LM head directly, not model.forward: both run inside trunk_and_head, registered
 #   as a forward method of the root unit, which owns the embeddings, the final norm and the tied LM head;
