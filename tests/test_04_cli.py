@@ -376,18 +376,16 @@ def test_bad_input_names_file_line_and_field_and_writes_nothing(tmp_path, capsys
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error: ") and "nope.jsonl" in proc.stderr
 
 
-# ----------------------------------------------------------------------------- with stage 05's tiny model
+# ----------------------------------------------------------------------------- with the toy's tiny model
 @pytest.fixture(scope="module")
 def tiny05(tmp_path_factory):
-    if not (H.ROOT / "05_train.py").exists():
-        pytest.skip("stage 05 has not landed")
     out = tmp_path_factory.mktemp("t05") / "tiny"
-    run_stage("05_train.py", "--init-tiny", "--out", out, "--corpus", H.ROOT / "data" / "train_tasks.jsonl")
+    run_stage("data/tiny_model.py", "--out", out, "--corpus", H.ROOT / "data" / "train_tasks.jsonl")
     return out
 
 
 def test_task_entities_are_single_tokens_of_the_stage05_tiny_tokenizer(tiny05):
-    """The toy can copy a file name, key, animal or value only if it is one token: 05 --init-tiny's tokenizer,
+    """The toy can copy a file name, key, animal or value only if it is one token: data/tiny_model.py's tokenizer,
     trained on the training tasks, makes every entity of every default task (train and test) one token."""
     tok05 = R.load_tokenizer(tiny05)
     entities = {w for t in H.read_tasks() + H.read_tasks("test_tasks.jsonl") for text in t["files"].values()
@@ -398,7 +396,7 @@ def test_task_entities_are_single_tokens_of_the_stage05_tiny_tokenizer(tiny05):
 
 
 def test_works_with_the_stage05_tiny_model(tmp_path, tiny05):
-    """05 --init-tiny's tokenizer, chat template and stop ids: oracle demonstrations and hf rollouts."""
+    """data/tiny_model.py's tokenizer, chat template and stop ids: oracle demonstrations and hf rollouts."""
     tok05 = R.load_tokenizer(tiny05)
     assert tok05.stop_ids[0] == tok05.convert_tokens_to_ids("<|im_end|>")
     small_tasks(tmp_path / "tasks.jsonl")

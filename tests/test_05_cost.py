@@ -126,7 +126,8 @@ def test_first_minibatch_takes_pi_old_from_its_forward(tiny):
         for s in seqs:
             s["adv"] = torch.full((s["n"],), float(adv[s["ep"]]))
         if how == "scored":  # before: a separate pass, then TIS weights and ref from it
-            T05.score(model, None, seqs, 0, "cpu", False, 4, "old_logp", "old")
+            for s, lp in zip(seqs, T05.sequence_logprobs(model, None, seqs, 0, "cpu", False, 4)[0]):
+                s["old_logp"] = lp
             for s in seqs:
                 s["tis_w"] = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=2.0)
                 s["ref_logp"] = s["old_logp"].clone()
@@ -144,18 +145,26 @@ def test_first_minibatch_takes_pi_old_from_its_forward(tiny):
     torch.testing.assert_close(g2, g1, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kl", [False, True])
+@pytest.mark.parametrize("kl", [False, True, "other-ref"])
 def test_update_equals_the_one_with_every_pi_old_scored(tiny, tmp_path, kl):
     """Whole update (2 epochs x 2 minibatches): the same log and parameters as with --score-all-old, and the
-    config says how many sequences were scored apart."""
+    config says how many sequences were scored apart. other-ref: a KL to another policy than the one trained (its
+    log-probs are scored before the first minibatch, whose pi_old is not known yet: that scoring once crashed)."""
     recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=8, turns=2, seed=9)
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    flags = ["--kl-coef", "0.05"] if kl else []
+    if kl == "other-ref":
+        ref = load(tiny)
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        ref.save_pretrained(tmp_path / "ref")
+        flags += ["--ref-policy", str(tmp_path / "ref")]
     res = {}
     for extra in ([], ["--score-all-old"]):
         out = tmp_path / ("all" if extra else "reuse") / "policy"
         res[bool(extra)] = T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"),
-                                     "--out", str(out), "--lr", "1e-3", "--seed", "1", *extra] +
-                                    (["--kl-coef", "0.05"] if kl else []))
+                                     "--out", str(out), "--lr", "1e-3", "--seed", "1", *extra, *flags])
         res[bool(extra)]["params"] = torch.cat([p.flatten() for p in load(out).parameters()])
         res[bool(extra)]["log"] = [json.loads(x) for x in (out.parent / "train_log.jsonl").read_text().splitlines()]
     before, now = res[True], res[False]
@@ -163,6 +172,7 @@ def test_update_equals_the_one_with_every_pi_old_scored(tiny, tmp_path, kl):
     for a, b in zip(before["log"], now["log"]):
         for k in ("loss", "pg_loss", "kl", "clip_frac"):
             assert b[k] == pytest.approx(a[k], abs=1e-6), k
+    assert (now["log"][0]["kl"] > 1e-4) == (kl == "other-ref")  # KL to this same policy: 0 at the first step
     assert (now["params"] - before["params"]).abs().max() < 1e-5
 
 

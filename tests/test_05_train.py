@@ -1,5 +1,5 @@
 """Stage 05 maths against independent computations: mask, N_B across micro-batches, GRPO advantages,
-the first-step loss, clipping, GAE, merged turns; plus the CLI (--init-tiny, one iteration, bad input)."""
+the first-step loss, clipping, GAE, merged turns; plus the CLI (one iteration, bad input)."""
 import json
 import random
 
@@ -53,7 +53,8 @@ def grads(model):
 
 
 def prepare(model, seqs, adv_by_ep):
-    T05.score(model, None, seqs, 0, "cpu", False, 4, "old_logp", "old")
+    for s, lp in zip(seqs, T05.sequence_logprobs(model, None, seqs, 0, "cpu", False, 4)[0]):
+        s["old_logp"] = lp
     for s in seqs:
         s["adv"] = torch.full((s["n"],), float(adv_by_ep[s["ep"]]))
     return seqs
@@ -257,24 +258,19 @@ def test_kl_to_the_reference_is_k3_by_hand(tiny, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- CLI
-def test_cli_init_tiny_loads_like_a_hub_model(tmp_path):
-    corpus = tmp_path / "c.jsonl"
-    corpus.write_text("".join(json.dumps({"transcript": [{"role": "user", "content": f"read {w}.txt code {n}"}]}) + "\n"
-                              for w in WORDS for n in (17, 417)))
-    run_stage("05_train.py", "--init-tiny", "--out", tmp_path / "m", "--corpus", corpus, "--vocab-size", "400",
-              "--tiny-layers", "1", "--tiny-dim", "16", "--tiny-heads", "2")
-    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "read river.txt"},
-            {"role": "assistant", "content": "ok"}, {"role": "tool", "content": "code 417"}]
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
-    assert tok.decode(ids).endswith("code 417<|im_end|>\n<|im_start|>assistant\n")
-    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
-    assert len(tok.encode("417", add_special_tokens=False)) == 1  # corpus entities are single tokens
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
-    assert model.config.num_hidden_layers == 1 and model.config.hidden_size == 16
-    assert model.generation_config.eos_token_id == [tok.eos_token_id]
-    assert not (tmp_path / "m.tmp").exists()
+def test_epochs_drive_every_algorithm_and_the_old_flag_name_still_works(tiny, tmp_path):
+    """--epochs: passes over the batch for GRPO/PPO as for SFT (defaults 2 and 1); --ppo-epochs is its old name."""
+    assert [T05.parse_args(["--algo", a]).epochs for a in ("grpo", "ppo", "sft")] == [2, 2, 1]
+    assert T05.parse_args(["--ppo-epochs", "3"]).epochs == T05.parse_args(["--epochs", "3"]).epochs == 3
+    roll = tmp_path / "r.jsonl"
+    roll.write_text("".join(json.dumps(r) + "\n" for r in random_episodes(
+        AutoTokenizer.from_pretrained(tiny).vocab_size, n=4, seed=5)))
+    for flag, n in (("--epochs", 3), ("--ppo-epochs", 1)):
+        out = tmp_path / flag.strip("-") / "policy"
+        T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(roll), "--out", str(out), flag, str(n),
+                  "--minibatches", "1", "--lr", "1e-3"])
+        rows = [json.loads(x) for x in (out.parent / "train_log.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in rows] == list(range(n))
 
 
 def write_run(tmp_path, tiny, recs):

@@ -330,7 +330,9 @@ def test_the_pipeline_forwards_a_signal_to_its_stage_and_waits(sig, tmp_path):
     (["--lr", "-1"], "--lr -1.0: must be a finite number > 0", ["--tis-cap", "--vf-lr", "--clip-eps"]),
     (["--lr", "nan"], "--lr nan", ["--tis-cap"]),
     (["--algo", "grpo", "--min-reward", "1"], "--min-reward is for --algo sft only", ["--tis-cap"]),
-    (["--algo", "sft", "--tis-cap", "2"], "--tis-cap is for --algo grpo/ppo only", ["--min-reward"])])
+    (["--algo", "sft", "--tis-cap", "2"], "--tis-cap is for --algo grpo/ppo only", ["--min-reward"]),
+    (["--kl-coef", "-0.1"], "--kl-coef -0.1: must be a finite number >= 0", ["--ent-coef", "--vf-coef"]),
+    (["--ent-coef", "nan"], "--ent-coef nan: must be a finite number >= 0", ["--kl-coef", "--vf-coef"])])
 def test_05_flag_errors_name_only_the_flags_given(flags, needle, absent, tiny05, tmp_path, capsys):
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(rollout(300, i)) + "\n" for i in range(2)))

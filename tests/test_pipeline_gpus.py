@@ -98,8 +98,8 @@ def test_fsdp_is_passed_to_05_under_torchrun(tmp_path, monkeypatch, capsys):
 def test_05_gets_the_presets_update_flags(tmp_path, monkeypatch, capsys):
     """The RL update's flags come from the preset and the command line: --lr, --ppo-epochs, --amp (small: bf16 on
     the CPU) and, for the gpu preset, --micro-batch-tokens (the bound its memory estimate assumes)."""
-    cases = (("toy", ["--lr", "1e-4", "--ppo-epochs", "1"], {"--lr": "0.0001", "--ppo-epochs": "1", "--amp": "auto"}),
-             ("small", [], {"--lr": "1e-05", "--ppo-epochs": "1", "--amp": "bf16"}),
+    cases = (("toy", ["--lr", "1e-4", "--ppo-epochs", "1"], {"--lr": "0.0001", "--epochs": "1", "--amp": "auto"}),
+             ("small", [], {"--lr": "1e-05", "--epochs": "1", "--amp": "bf16"}),
              ("gpu", [], {"--micro-batch-tokens": "32768", "--amp": "auto", "--lr": "1e-06"}))
     for preset, flags, expect in cases:
         runs = []

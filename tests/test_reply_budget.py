@@ -39,7 +39,7 @@ def longest(tok, texts):
 
 
 def test_toy_budget_fits_the_toy_tokenizer(replies, tmp_path):
-    """The toy tokenizer as the pipeline builds it: 05 --init-tiny on the oracle's transcripts (04) of the training
+    """The toy tokenizer as the pipeline builds it: data/tiny_model.py on the oracle's transcripts (04) of the training
     tasks under the warm start's harnesses, plus the training tasks."""
     from transformers import AutoTokenizer
     texts, space = replies
@@ -47,8 +47,8 @@ def test_toy_budget_fits_the_toy_tokenizer(replies, tmp_path):
     run_stage("01_harness_space.py", "--run", tmp_path)
     run_stage("04_rollout.py", "--run", tmp_path, "--eval", "--policy", "oracle", "--harnesses",
               ",".join(P.one_factor_ids(space)), "--tasks", train, "--out", tmp_path / "demos_text.jsonl")
-    run_stage("05_train.py", "--init-tiny", "--out", tmp_path / "tiny", "--tiny-layers", 1, "--tiny-dim", 16,
-              "--tiny-heads", 2, "--corpus", tmp_path / "demos_text.jsonl", train)
+    run_stage("data/tiny_model.py", "--out", tmp_path / "tiny", "--layers", 1, "--dim", 16, "--heads", 2,
+              "--corpus", tmp_path / "demos_text.jsonl", train)
     need = longest(AutoTokenizer.from_pretrained(tmp_path / "tiny"), texts) + 1 + MARGIN
     assert P.PRESETS["toy"]["max_new_tokens"] >= need, (P.PRESETS["toy"]["max_new_tokens"], need)
 
