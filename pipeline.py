@@ -172,7 +172,7 @@ def settings(args):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     if cfg["lr"] <= 0 or cfg["lr"] != cfg["lr"] or cfg["lr"] == float("inf"):
-        die(f"--lr {cfg['lr']}: must be a positive finite number")
+        fail(f"--lr {cfg['lr']}: must be a positive finite number")
     for key in ("iterations", "tasks_per_iteration", "group_size", "ppo_epochs", "eval_heldout", "sft_epochs",
                 "sft_tasks", "max_train_tasks", "eval_tasks", "max_new_tokens"):
         value = cfg.get(key, getattr(args, key, None))
