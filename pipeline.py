@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -171,7 +172,7 @@ def settings(args):
     for key in SIZE_FLAGS:
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
-    if cfg["lr"] <= 0 or cfg["lr"] != cfg["lr"] or cfg["lr"] == float("inf"):
+    if not (math.isfinite(cfg["lr"]) and cfg["lr"] > 0):
         fail(f"--lr {cfg['lr']}: must be a positive finite number")
     for key in ("iterations", "tasks_per_iteration", "group_size", "ppo_epochs", "eval_heldout", "sft_epochs",
                 "sft_tasks", "max_train_tasks", "eval_tasks", "max_new_tokens"):
@@ -304,11 +305,6 @@ def copy_dir(src, dst, ignore=None):
     tmp.rename(dst)
 
 
-def one_factor_ids(space):
-    """The base harness and its one-factor-at-a-time variants: the configurations at Hamming distance <= 1."""
-    return [h["harness_id"] for h in space if sum(v != 0 for v in h["levels"].values()) <= 1]
-
-
 # ----------------------------------------------------------------------------- the shared warm start
 def warm_start(cfg, args, ws, train_tasks):
     """SFT on oracle demonstrations under the base harness + its 10 one-factor variants, cached in `ws`
@@ -317,7 +313,9 @@ def warm_start(cfg, args, ws, train_tasks):
     key.update(seed=cfg["seed"], train_tasks_sha=sha(train_tasks), demo_harnesses="base + one-factor")
     claim(ws, key, "warmstart_config.json", args.overwrite and not args.warmstart)
     step("ws-01", ws / "harness_space.jsonl", ["01_harness_space.py", "--run", ws], args)
-    ids = one_factor_ids(rows_of(ws / "harness_space.jsonl"))
+    step("ws-02", ws / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", ws, "--method", "one-factor"],
+         args)  # the demonstrations' harnesses: the base and its one-factor-at-a-time variants
+    ids = [h["harness_id"] for h in rows_of(ws / "train_harnesses.jsonl")]
     if cfg["tiny"]:  # a tokenizer + tiny Llama built from the oracle's transcripts, then trained from scratch
         step("ws-demos-text", ws / "demos_text.jsonl",
              ["04_rollout.py", "--run", ws, "--eval", "--policy", "oracle", "--harnesses", ",".join(ids),

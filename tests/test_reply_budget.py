@@ -13,6 +13,7 @@ from conftest import ROOT, load_stage, run_stage
 
 R = load_stage("04_rollout.py")
 P = load_stage("pipeline.py")
+D = load_stage("02_orthogonal_design.py")
 MARGIN = 16  # tokens above the longest reply (the stop token counted apart)
 
 
@@ -46,7 +47,7 @@ def test_toy_budget_fits_the_toy_tokenizer(replies, tmp_path):
     train = ROOT / "data" / "train_tasks.jsonl"
     run_stage("01_harness_space.py", "--run", tmp_path)
     run_stage("04_rollout.py", "--run", tmp_path, "--eval", "--policy", "oracle", "--harnesses",
-              ",".join(P.one_factor_ids(space)), "--tasks", train, "--out", tmp_path / "demos_text.jsonl")
+              ",".join(D.one_factor_ids(space)), "--tasks", train, "--out", tmp_path / "demos_text.jsonl")
     run_stage("data/tiny_model.py", "--out", tmp_path / "tiny", "--layers", 1, "--dim", 16, "--heads", 2,
               "--corpus", tmp_path / "demos_text.jsonl", train)
     need = longest(AutoTokenizer.from_pretrained(tmp_path / "tiny"), texts) + 1 + MARGIN
