@@ -308,6 +308,14 @@ def pass1_ci(task_values, n_boot, seed):
     n_eff = min(p * (1 - p) / var * (1.959964 / t_quantile_975(n - 1)) ** 2, n_max) if var > 0 else n_max
     return clopper_pearson(p * n_eff, n_eff), "korn-graubard"
 
+def min_detectable(d):
+    """Minimum detectable difference of a paired comparison over n tasks: the true mean difference a two-sided 5%
+    test finds with 80% power, (z_0.975 + z_0.8) s_d / sqrt(n), s_d the spread of the measured per-task differences
+    d (normal approximation; a planning figure: how small a difference this many tasks can resolve)."""
+    d = np.asarray(d, dtype=float)
+    return float((1.959964 + 0.841621) * d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None
+
+
 def sign_test(better, worse):
     """Exact two-sided sign test on the discordant tasks: p = min(1, 2 P(X <= min(b, w))), X ~ Bin(b + w, 1/2)."""
     n = better + worse
@@ -418,6 +426,7 @@ def paired_rows(rows, ref, splits, args):
                       "diff_ci95": bootstrap_ci(d, args.bootstrap, args.seed) if other and not identical else None,
                       "better_tasks": better if other else None, "worse_tasks": worse if other else None,
                       "sign_test_p": sign_test(better, worse) if other else None,
+                      "mdd80": min_detectable(d) if other else None,
                       "identical": identical if other else None}
         out_rows.append({"name": r["name"], "evaldirs": [str(d) for d in r["evaldirs"]],
                          "policies": [s.get("policy") for s in r["summaries"]], "train_ids": r["train_ids"],
@@ -485,6 +494,10 @@ def compare_markdown(report, splits, summaries):
             cells += [fmt(x), delta]
         name = r["name"] + (f" ({len(r['evaldirs'])} replicates)" if len(r["evaldirs"]) > 1 else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    mdd = [f"{SPLIT_TITLES[s]}: " + ", ".join(f"{r['name']} {100 * r['splits'][s]['mdd80']:.1f}" for r in report["rows"]
+                                           if r["splits"][s]["mdd80"] is not None) for s in splits]
+    lines += ["", "Minimum detectable difference to the reference in points (80% power, two-sided 5%, from each row's "
+              "paired per-task differences; 0 where the rows never differ): " + "; ".join(mdd) + "."]
     return "\n".join(lines) + "\n"
 
 

