@@ -35,7 +35,6 @@ def parse_args(argv=None):
     p.add_argument("items", nargs="+", metavar="NAME=RUN[,RUN...]", help="a method's run folder(s)")
     p.add_argument("--eval-set", required=True, metavar="FILE", help="the held-out harnesses (JSONL, harness_id)")
     p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.md, PREFIX.png, PREFIX.json")
-    p.add_argument("--seed", type=int, default=0, help="unused by the exact intervals; passed to pass1_ci")
     return p.parse_args(argv)
 
 
@@ -45,7 +44,7 @@ def harness_ids(path):
 
 
 def read_checkpoint(path):
-    """{(task, harness): success} of one 04 --eval file; success must be true/false or 0/1."""
+    """The episodes of one 04 --eval file; each needs task_id, harness_id and a success that is true/false."""
     episodes = []
     for lineno, e in read_jsonl(path, required=("task_id", "harness_id", "success"), numbered=True):
         if type(e["success"]) not in (bool, int) or e["success"] not in (0, 1):
@@ -99,7 +98,7 @@ def paired(after, before):
             "sign_test_p": sign_test(better, worse)}
 
 
-def curve_of(points, seed):
+def curve_of(points):
     """Per checkpoint and line: pass@1 (mean over the line's pairs), 95% interval over tasks, change since 0."""
     rows = []
     start = min(points)
@@ -108,7 +107,7 @@ def curve_of(points, seed):
         for line, pairs in points[t].items():
             tasks = sorted({task for task, _ in pairs})
             v = task_means(pairs, tasks)  # [n_tasks] a task's pass@1 over the line's harnesses
-            ci, method = pass1_ci(v, 0, seed)
+            ci, method = pass1_ci(v, 0, 0)  # exact / Korn-Graubard: no resampling, so no bootstrap size or seed
             row[line] = {"pass@1": float(np.mean(list(pairs.values()))), "ci95": ci, "ci_method": method,
                          "tasks": len(tasks), "harnesses": len({h for _, h in pairs}),
                          "since_start": paired(v, task_means(points[start][line], tasks)) if t != start else None}
@@ -193,7 +192,7 @@ def transfer_curve(args):
     methods = {name: load_method(name, runs, eval_ids) for name, runs in items}
     ref = items[0][0]
     report = {"eval_set": str(args.eval_set), "eval_ids": sorted(eval_ids),
-              "methods": {name: {"runs": [str(r) for r in runs], "curve": curve_of(methods[name], args.seed)}
+              "methods": {name: {"runs": [str(r) for r in runs], "curve": curve_of(methods[name])}
                           for name, runs in items},
               "held_out_vs_reference": {name: between(methods[ref], methods[name]) for name, _ in items[1:]}}
     out = Path(args.out)
