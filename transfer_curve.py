@@ -14,10 +14,13 @@ For every method and checkpoint, two lines, each pass@1 over tasks with its 95% 
   trained   the (task, harness) pairs under the run's training harnesses (RUN/train_harnesses.jsonl)
   held-out  the pairs under the evaluation set (disjoint from every method's training harnesses)
 and each point's paired change since the warm start (iteration 0), with the exact sign test over tasks. Between
-methods (the first against each other), the held-out lines' paired difference at each common checkpoint.
+methods (the first against each other), the held-out lines' paired difference at each common checkpoint. And how
+the episodes of each point end (solved, a wrong answer submitted, never submitted; parse and tool errors): which
+failure RL removes first.
 
 ITEM: NAME=RUN[,RUN...] (several RUNs: seed replicates of one method, a pair's success averaged over them).
-Reads   RUN/curve/iter-NNN.jsonl (04 --eval: task_id, harness_id, success), RUN/train_harnesses.jsonl, --eval-set
+Reads   RUN/curve/iter-NNN.jsonl (04 --eval: task_id, harness_id, success, finish_reason, turns, parse_errors,
+        tool_errors), RUN/train_harnesses.jsonl, --eval-set
 Writes  PREFIX.md, PREFIX.png (matplotlib), PREFIX.json (written last: the done marker)
 """
 import argparse
@@ -43,12 +46,20 @@ def harness_ids(path):
     return [h["harness_id"] for h in read_jsonl(path, required=("harness_id",))]
 
 
+COUNTS = ("turns", "parse_errors", "tool_errors")  # 04's per-episode counters that say how an episode went
+
+
 def read_checkpoint(path):
-    """The episodes of one 04 --eval file; each needs task_id, harness_id and a success that is true/false."""
+    """The episodes of one 04 --eval file: task_id, harness_id, success (true/false), finish_reason and the
+    counters in COUNTS (non-negative integers)."""
     episodes = []
-    for lineno, e in read_jsonl(path, required=("task_id", "harness_id", "success"), numbered=True):
+    for lineno, e in read_jsonl(path, required=("task_id", "harness_id", "success", "finish_reason", *COUNTS),
+                                numbered=True):
         if type(e["success"]) not in (bool, int) or e["success"] not in (0, 1):
             fail(f"{path}:{lineno}: field 'success' is {e['success']!r}, expected true/false")
+        for field in COUNTS:
+            if type(e[field]) is not int or e[field] < 0:
+                fail(f"{path}:{lineno}: field '{field}' is {e[field]!r}, expected a count (integer >= 0)")
         episodes.append(e)
     return episodes
 
@@ -80,6 +91,7 @@ def load_method(name, runs, eval_ids):
             if not eps:
                 fail(f"{runs[0] / 'curve' / f'iter-{t:03d}.jsonl'}: no episode under the {line} harnesses")
         out[t] = {line: pair_means(eps) for line, eps in lines.items()}
+        out[t]["ends"] = {line: how_episodes_end(eps) for line, eps in lines.items()}
     for line in ("trained", "held-out"):  # every checkpoint on the same (task, harness) pairs
         first = set(out[points[0]][line])
         for t in points[1:]:
@@ -90,6 +102,18 @@ def load_method(name, runs, eval_ids):
 
 
 # ---- the algorithm ----
+def how_episodes_end(episodes):
+    """What RL changes on the way to a success: solved, submitted a wrong answer, or never submitted (turn budget,
+    unparsable replies, failing tool calls), with the parse errors per model turn and tool errors per episode."""
+    n, turns = len(episodes), sum(e["turns"] for e in episodes)
+    submitted = [e for e in episodes if e["finish_reason"] == "submitted"]
+    return {"episodes": n, "solved": sum(bool(e["success"]) for e in episodes) / n,
+            "submitted_wrong": sum(not e["success"] for e in submitted) / n,
+            "not_submitted": 1 - len(submitted) / n,
+            "parse_errors_per_turn": sum(e["parse_errors"] for e in episodes) / max(turns, 1),
+            "tool_errors_per_episode": sum(e["tool_errors"] for e in episodes) / n}
+
+
 def paired(after, before):
     """Paired change over tasks: mean of the per-task differences, tasks better / worse, exact sign test."""
     d = after - before
@@ -104,13 +128,15 @@ def curve_of(points):
     start = min(points)
     for t in sorted(points):
         row = {"iteration": t}
-        for line, pairs in points[t].items():
+        for line in ("trained", "held-out"):
+            pairs = points[t][line]
             tasks = sorted({task for task, _ in pairs})
             v = task_means(pairs, tasks)  # [n_tasks] a task's pass@1 over the line's harnesses
             ci, method = pass1_ci(v, 0, 0)  # exact / Korn-Graubard: no resampling, so no bootstrap size or seed
             row[line] = {"pass@1": float(np.mean(list(pairs.values()))), "ci95": ci, "ci_method": method,
                          "tasks": len(tasks), "harnesses": len({h for _, h in pairs}),
-                         "since_start": paired(v, task_means(points[start][line], tasks)) if t != start else None}
+                         "since_start": paired(v, task_means(points[start][line], tasks)) if t != start else None,
+                         "ends": points[t]["ends"][line]}
         rows.append(row)
     return rows
 
@@ -145,6 +171,16 @@ def markdown(report):
     for name, m in report["methods"].items():
         for row in m["curve"]:
             lines.append(f"| {name} | {row['iteration']} | {cell(row['trained'])} | {cell(row['held-out'])} |")
+    lines += ["", "How the episodes end (share of episodes; errors per model turn / per episode):", "",
+              "| method | iteration | harnesses | solved | submitted wrong | never submitted | parse errors / turn | "
+              "tool errors / episode |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, m in report["methods"].items():
+        for row in m["curve"]:
+            for line in ("trained", "held-out"):
+                e = row[line]["ends"]
+                lines.append(f"| {name} | {row['iteration']} | {line} | {100 * e['solved']:.1f}% | "
+                             f"{100 * e['submitted_wrong']:.1f}% | {100 * e['not_submitted']:.1f}% | "
+                             f"{e['parse_errors_per_turn']:.2f} | {e['tool_errors_per_episode']:.2f} |")
     for name, rows in report["held_out_vs_reference"].items():
         lines += ["", f"Held-out pass@1, {name} minus {ref}, paired over tasks:", "",
                   "| iteration | Δ points | tasks better / worse | sign test p |", "| --- | --- | --- | --- |"]

@@ -26,9 +26,16 @@ def make_run(root, name, points=(0, 2, 3), p=(0.2, 0.5, 0.7)):
     rng = random.Random(name)
     for t, rate in zip(points, p):
         write_jsonl(run / "curve" / f"iter-{t:03d}.jsonl",
-                    [{"task_id": task, "harness_id": h, "success": rng.random() < rate, "turns": 2}
-                     for task in TASKS for h in EVAL + TRAIN[name]])
+                    [episode(rng, task, h, rate) for task in TASKS for h in EVAL + TRAIN[name]])
     return run
+
+
+def episode(rng, task, harness, rate):
+    """A 04 --eval record: solved with probability rate; otherwise a wrong submission or the turn budget."""
+    success = rng.random() < rate
+    finish = "submitted" if success or rng.random() < 0.5 else "turn_budget"
+    return {"task_id": task, "harness_id": harness, "success": success, "finish_reason": finish,
+            "turns": rng.randint(1, 5), "parse_errors": rng.randint(0, 2), "tool_errors": rng.randint(0, 3)}
 
 
 def task_values(run, t, harnesses):
@@ -58,6 +65,15 @@ def test_curve_points_against_plain_python(tmp_path):
             for line, ids in (("trained", TRAIN[run.name]), ("held-out", EVAL)):
                 v, v0 = task_values(run, r["iteration"], ids), task_values(run, 0, ids)
                 x = r[line]
+                eps = [json.loads(e) for e in (run / "curve" / f"iter-{r['iteration']:03d}.jsonl").read_text()
+                       .splitlines() if json.loads(e)["harness_id"] in ids]
+                n = len(eps)
+                assert x["ends"] == pytest.approx(dict(
+                    episodes=n, solved=sum(e["success"] for e in eps) / n,
+                    submitted_wrong=sum(e["finish_reason"] == "submitted" and not e["success"] for e in eps) / n,
+                    not_submitted=sum(e["finish_reason"] != "submitted" for e in eps) / n,
+                    parse_errors_per_turn=sum(e["parse_errors"] for e in eps) / sum(e["turns"] for e in eps),
+                    tool_errors_per_episode=sum(e["tool_errors"] for e in eps) / n))
                 assert x["pass@1"] == pytest.approx(sum(v) / len(v)) and x["tasks"] == 10
                 assert x["harnesses"] == len(ids)
                 assert x["ci95"] == pytest.approx(cmp.pass1_ci(v, 0, 0)[0])  # the interval every table uses
@@ -73,15 +89,19 @@ def test_curve_points_against_plain_python(tmp_path):
         assert r["diff"] == pytest.approx(sum(d) / 10) and r["better_tasks"] == sum(e > 0 for e in d)
     md = out.with_suffix(".md").read_text()
     assert "| harness-scaling | 3 |" in md and "single minus harness-scaling" in md
+    assert "| single | 2 | held-out |" in md and "How the episodes end" in md
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("break_it, message", [
-    (lambda hs: (hs / "curve" / "iter-002.jsonl").write_text('{"task_id": "t0", "harness_id": "%s", "success": "yes"}\n'
-                                                             % EVAL[0]),
+    (lambda hs: (hs / "curve" / "iter-002.jsonl").write_text(json.dumps(dict(
+        episode(random.Random(0), "t0", EVAL[0], 1.0), success="yes")) + "\n"),
      "iter-002.jsonl:1: field 'success' is 'yes'"),
     (lambda hs: (hs / "curve" / "iter-003.jsonl").write_text('{"task_id": "t0", "success": true}\n'),
      "iter-003.jsonl:1: missing field 'harness_id'"),
+    (lambda hs: (hs / "curve" / "iter-000.jsonl").write_text(json.dumps(dict(
+        episode(random.Random(0), "t0", EVAL[0], 1.0), tool_errors=-1)) + "\n"),
+     "iter-000.jsonl:1: field 'tool_errors' is -1, expected a count"),
     (lambda hs: write_jsonl(hs / "train_harnesses.jsonl", [{"harness_id": EVAL[1]}]),
      f"trains on {EVAL[1]}, which is in the evaluation set"),
     (lambda hs: (hs / "curve" / "iter-002.jsonl").write_text(
