@@ -127,3 +127,16 @@ def test_05_gets_the_presets_update_flags(tmp_path, monkeypatch, capsys):
             raise AssertionError(f"{bad} accepted")
         except SystemExit as e:
             assert e.code == 2 and bad[0] in capsys.readouterr().err
+
+
+def test_an_experiment_on_the_small_preset_runs_the_chosen_budget():
+    """--experiment on the small preset takes the budget study's sizes (16 iterations, every one of the 120 test
+    tasks); one run of the preset keeps its quick sizes, other presets are unchanged, and a flag still wins."""
+    size = lambda *flags: {k: pipe.settings(pipe.parse_args(list(flags)))[k] for k in ("iterations", "eval_tasks")}
+    assert size("--preset", "small", "--experiment", "main") == {"iterations": 16, "eval_tasks": 120}
+    assert size("--preset", "small", "--experiment", "k") == {"iterations": 16, "eval_tasks": 120}
+    assert size("--preset", "small") == {"iterations": 6, "eval_tasks": 24}
+    assert size("--preset", "small", "--experiment", "main", "--iterations", "12", "--eval-tasks", "96") == \
+        {"iterations": 12, "eval_tasks": 96}
+    assert size("--experiment", "main") == size() == {"iterations": 6, "eval_tasks": 40}  # toy
+    assert sum(1 for _ in open(pipe.HERE / "data" / "test_tasks.jsonl")) == 120  # "every test task"
