@@ -119,7 +119,7 @@ def parse_args(argv=None):
     p.add_argument("--train-tasks", default=str(HERE / "data" / "train_tasks.jsonl"))
     p.add_argument("--test-tasks", default=str(HERE / "data" / "test_tasks.jsonl"))
     p.add_argument("--max-train-tasks", type=int, help="use only the first N training tasks (default: iterations x "
-                   "tasks-per-iteration / K, so that each task is visited K times)")
+                   "tasks-per-iteration / K, so that each task is visited K times; K = 5 with k5, else 3)")
     p.add_argument("--eval-tasks", type=int, help="evaluate on the first N test tasks")
     p.add_argument("--eval-heldout", type=int, help="number of held-out in-space harnesses evaluated")
     p.add_argument("--smolagents-tasks", type=int, help="smolagents column on the first N test tasks (0: no column)")
@@ -219,8 +219,11 @@ def settings(args):
     # the task files are part of the settings: other tasks, other run
     cfg.update(seeds=seeds, max_train_tasks=args.max_train_tasks, train_tasks_sha=sha(args.train_tasks),
                test_tasks_sha=sha(args.test_tasks))
-    if cfg["max_train_tasks"] is None:  # each training task visited K times: I x B = K x tasks
-        cfg["max_train_tasks"] = max(1, cfg["iterations"] * cfg["tasks_per_iteration"] // cfg["k"])
+    # each training task visited K times: I x B = K x tasks, K the preset's (3) or a larger K of the run's methods:
+    # k5 must meet all 5 harnesses of a task (with 3 visits it would run only the 3 of K = 3, the same run)
+    if cfg["max_train_tasks"] is None:
+        k = max([cfg["k"]] + [METHODS[m][2] or 0 for m in EXPERIMENTS.get(args.experiment, [args.method])])
+        cfg["max_train_tasks"] = max(1, cfg["iterations"] * cfg["tasks_per_iteration"] // k)
     return cfg
 
 

@@ -171,3 +171,35 @@ def test_experiment_main_from_one_command(tmp_path):
 
     again = run_stage("pipeline.py", *args)
     assert "python 0" not in again.stdout.replace("[pipeline] evaluation set", "")  # nothing rerun
+
+
+def test_the_k_experiment_gives_k5_all_five_harnesses_of_a_task(tmp_path):
+    """The k experiment's task split is I x B / 5 tasks (the largest K of its methods): visited 5 times, a task of
+    k5 runs under all 5 harnesses of its group. With the preset's I x B / 3 every task was visited 3 times and k5
+    ran exactly the (task, harness) pairs of K = 3 (its first 3 nearest harnesses are K = 3's): the same run."""
+    from conftest import load_stage
+    pipe, rollout = load_stage("pipeline.py"), load_stage("04_rollout.py")
+    cfg = pipe.settings(pipe.parse_args(["--experiment", "k"]))
+    iters, size = cfg["iterations"], cfg["tasks_per_iteration"]
+    assert cfg["max_train_tasks"] == iters * size // 5
+    assert pipe.settings(pipe.parse_args(["--experiment", "main"]))["max_train_tasks"] == iters * size // 3
+    assert pipe.settings(pipe.parse_args(["--method", "single"]))["max_train_tasks"] == iters * size // 3
+
+    tasks = tmp_path / "tasks.jsonl"  # the experiment's split: the first max_train_tasks training tasks
+    tasks.write_text("".join((pipe.HERE / "data" / "train_tasks.jsonl").read_text().splitlines(True)
+                             [:cfg["max_train_tasks"]]))
+    pairs = {}
+    for k in (3, 5):  # 01 -> 03 as the pipeline runs them, then 04's visit rule: visit i of task x runs H_x[i mod K]
+        run = tmp_path / f"k{k}"
+        run_stage("01_harness_space.py", "--run", run)
+        run_stage("02_orthogonal_design.py", "--run", run, "--method", "oa")
+        run_stage("03_assignment.py", "--run", run, "--tasks", tasks, "--k", k, "--method", "locality")
+        groups = {r["task_id"]: r["harness_ids"] for r in read_jsonl(run / "assignment.jsonl")}
+        visits = [tid for t in range(iters) for tid in rollout.train_batch(list(groups), t, size, 0)]
+        seen = {}
+        for i, tid in enumerate(visits):
+            seen.setdefault(tid, []).append(groups[tid][visits[:i].count(tid) % k])
+        pairs[k] = {(tid, h) for tid, hs in seen.items() for h in hs}
+        saw_all = sum(len(set(hs)) == k for hs in seen.values())
+        assert saw_all >= 0.7 * len(groups), (k, saw_all, len(groups))
+    assert pairs[5] != pairs[3] and len(pairs[5]) > len(pairs[3])
