@@ -463,7 +463,8 @@ def compute_markdown(compute):
              "| tasks that saw all K |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {name} | {c['rollout_episodes']} | {c['minibatches']} | {c['optimizer_steps']} | {c['sft_demos']} "
               f"| {c['train_s']} | {c['eval_s']} | {c['tasks_saw_all_K']} / {c['tasks_trained']} |"
-              for name, c in compute.items()]
+              if c["minibatches"] else f"| {name} | not run (no training log) | - | - | - | - | - | - |"
+              for name, c in compute.items()]  # a method of the experiment that never trained: no zero row
     return "\n".join(lines) + "\n"
 
 

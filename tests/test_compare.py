@@ -200,11 +200,12 @@ def test_compare_refuses_a_summary_an_older_06_wrote(tmp_path):
 
 def test_compare_experiment_adds_what_each_method_spent(tmp_path):
     """--experiment EXP: the compute table (counted here by hand from the run folders) and the experiment's settings
-    (its config less the method list, plus its evaluation set) join the table, in the one file."""
+    (its config less the method list, plus its evaluation set) join the table, in the one file; a method that
+    never trained (no training log) reads 'not run', not a row of zeros."""
     exp = tmp_path / "exp"
     exp.mkdir()
     (exp / "experiment_config.json").write_text(json.dumps({"seed": 0, "seeds": [0], "experiment": "mini",
-                                                            "methods": ["oa", "sft"]}))
+                                                            "methods": ["oa", "sft", "idle"]}))
     oa, sft = exp / "oa", exp / "sft"
     write_jsonl(oa / "assignment.jsonl", [{"task_id": "a", "harness_ids": [BASE, SPACE_IDS[0]]},
                                           {"task_id": "b", "harness_ids": [SPACE_IDS[1], SPACE_IDS[2]]}])
@@ -216,6 +217,8 @@ def test_compare_experiment_adds_what_each_method_spent(tmp_path):
     write_jsonl(sft / "train_harnesses.jsonl", [{"harness_id": "X-shell"}])
     write_jsonl(sft / "sft" / "demos.jsonl", [episode("a", "X-shell", True)] * 3)
     write_jsonl(sft / "sft" / "train_log.jsonl", [{"loss": 2.0}] * 2)
+    write_jsonl(exp / "idle" / "assignment.jsonl", [{"task_id": "a", "harness_ids": [BASE]}])  # prepared, not trained
+    write_jsonl(exp / "idle" / "train_harnesses.jsonl", [{"harness_id": BASE}])
     rows = [make_evaldir(tmp_path, "exp/oa", "oa"), make_evaldir(tmp_path, "exp/sft", "sft")]
     proc = run_stage("compare.py", *rows, "--experiment", exp, "--out", exp / "comparison")
     report = json.loads((exp / "comparison.json").read_text())
@@ -226,12 +229,16 @@ def test_compare_experiment_adds_what_each_method_spent(tmp_path):
                         "training_harnesses": sorted([BASE, SPACE_IDS[0], SPACE_IDS[1]])},
         "sft (seed 0)": {"rollout_episodes": 0, "minibatches": 2, "optimizer_steps": 2, "sft_demos": 3,
                          "train_s": 0, "eval_s": 0, "tasks_trained": 0, "tasks_saw_all_K": 0,
-                         "training_harnesses": ["X-shell"]}}
+                         "training_harnesses": ["X-shell"]},
+        "idle (seed 0)": {"rollout_episodes": 0, "minibatches": 0, "optimizer_steps": 0, "sft_demos": 0,
+                          "train_s": 0, "eval_s": 0, "tasks_trained": 0, "tasks_saw_all_K": 0,
+                          "training_harnesses": [BASE]}}
     assert report["settings"] == {"seed": 0, "seeds": [0], "experiment": "mini",
                                   "eval_harnesses": str(exp.resolve() / "eval_harnesses.jsonl")}
     md = (exp / "comparison.md").read_text()
     assert md.endswith("\n## Compute per method\n\n| method | rollout episodes | minibatches | optimizer steps (with "
                        "signal) | SFT demos | train s | eval s | tasks that saw all K |\n| --- | --- | --- | --- | --- "
                        "| --- | --- | --- |\n| oa (seed 0) | 4 | 2 | 1 | 0 | 5.5 | 4.2 | 1 / 2 |\n"
-                       "| sft (seed 0) | 0 | 2 | 2 | 3 | 0 | 0 | 0 / 0 |\n")
+                       "| sft (seed 0) | 0 | 2 | 2 | 3 | 0 | 0 | 0 / 0 |\n"
+                       "| idle (seed 0) | not run (no training log) | - | - | - | - | - | - |\n")
     assert md in proc.stdout + "\n"
