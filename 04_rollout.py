@@ -912,6 +912,16 @@ def train_batch(task_ids, t, size, order_seed):
     return [task_ids[i] for i in chunk + perm[:size - len(chunk)]]
 
 
+def batch_harnesses(assignment, t, size, order_seed):
+    """Iteration t's (task id, harness id, visit i). Visit i of task x = how many earlier batches t' < t held x
+    (recomputed, no state file); it runs H_x[i mod K], so every task visited K times sees all K harnesses of its
+    group, whatever the batch order."""
+    ids = list(assignment)
+    visits = Counter(tid for u in range(t) for tid in train_batch(ids, u, size, order_seed))
+    return [(tid, assignment[tid][visits[tid] % len(assignment[tid])], visits[tid])  # H_x[i mod K]
+            for tid in train_batch(ids, t, size, order_seed)]
+
+
 def train_jobs(args, tasks_by_id, tasks_path):
     run, t = Path(args.run), args.iteration
     known = harness_pool(run, ("harness_space.jsonl", "train_harnesses.jsonl"))
@@ -935,15 +945,10 @@ def train_jobs(args, tasks_by_id, tasks_path):
         assignment[row["task_id"]] = hids
     if not assignment:
         raise InputError(f"{path}: no episodes to run (empty assignment)")
-    # visit i of task x = how many earlier batches t' < t held x (recomputed, no state file); it runs H_x[i mod K],
-    # so every task sees all K harnesses of its group, whatever the batch order
-    ids, size, seed = list(assignment), args.tasks_per_iteration, args.order_seed
-    visits = Counter(tid for u in range(t) for tid in train_batch(ids, u, size, seed))
     jobs = []
-    for tid in train_batch(ids, t, size, seed):
-        hid = assignment[tid][visits[tid] % len(assignment[tid])]  # H_x[i mod K]
+    for tid, hid, visit in batch_harnesses(assignment, t, args.tasks_per_iteration, args.order_seed):
         for s in range(args.group_size):
-            meta = {"episode_id": f"it{t:03d}-{tid}-{hid}-s{s}", "iteration": t, "visit": visits[tid],
+            meta = {"episode_id": f"it{t:03d}-{tid}-{hid}-s{s}", "iteration": t, "visit": visit,
                     "group_id": f"{tid}|{hid}|it{t:03d}", "sample_index": s}
             jobs.append((tasks_by_id[tid], known[hid], meta))
     return jobs, run / f"iter_{t:03d}" / "rollouts.jsonl"

@@ -189,17 +189,14 @@ def test_the_k_experiment_gives_k5_all_five_harnesses_of_a_task(tmp_path):
     tasks.write_text("".join((pipe.HERE / "data" / "train_tasks.jsonl").read_text().splitlines(True)
                              [:cfg["max_train_tasks"]]))
     pairs = {}
-    for k in (3, 5):  # 01 -> 03 as the pipeline runs them, then 04's visit rule: visit i of task x runs H_x[i mod K]
+    for k in (3, 5):  # 01 -> 03 as the pipeline runs them, then 04's rule for which harness each visit runs
         run = tmp_path / f"k{k}"
         run_stage("01_harness_space.py", "--run", run)
         run_stage("02_orthogonal_design.py", "--run", run, "--method", "oa")
         run_stage("03_assignment.py", "--run", run, "--tasks", tasks, "--k", k, "--method", "locality")
         groups = {r["task_id"]: r["harness_ids"] for r in read_jsonl(run / "assignment.jsonl")}
-        visits = [tid for t in range(iters) for tid in rollout.train_batch(list(groups), t, size, 0)]
-        seen = {}
-        for i, tid in enumerate(visits):
-            seen.setdefault(tid, []).append(groups[tid][visits[:i].count(tid) % k])
-        pairs[k] = {(tid, h) for tid, hs in seen.items() for h in hs}
-        saw_all = sum(len(set(hs)) == k for hs in seen.values())
+        pairs[k] = {(tid, hid) for t in range(iters) for tid, hid, _ in rollout.batch_harnesses(groups, t, size, 0)}
+        seen = {tid: {hid for x, hid in pairs[k] if x == tid} for tid in groups}
+        saw_all = sum(len(hs) == k for hs in seen.values())
         assert saw_all >= 0.7 * len(groups), (k, saw_all, len(groups))
     assert pairs[5] != pairs[3] and len(pairs[5]) > len(pairs[3])
