@@ -219,8 +219,8 @@ def settings(args):
     # the task files are part of the settings: other tasks, other run
     cfg.update(seeds=seeds, max_train_tasks=args.max_train_tasks, train_tasks_sha=sha(args.train_tasks),
                test_tasks_sha=sha(args.test_tasks))
-    # each training task visited K times: I x B = K x tasks, K the preset's (3) or a larger K of the run's methods:
-    # k5 must meet all 5 harnesses of a task (with 3 visits it would run only the 3 of K = 3, the same run)
+    # each training task visited K times: I x B = K x tasks, K the preset's (3) or a larger K of the run's methods
+    # (k5 must meet all 5 harnesses of a task; docs/decisions.md)
     if cfg["max_train_tasks"] is None:
         k = max([cfg["k"]] + [METHODS[m][2] or 0 for m in EXPERIMENTS.get(args.experiment, [args.method])])
         cfg["max_train_tasks"] = max(1, cfg["iterations"] * cfg["tasks_per_iteration"] // k)
