@@ -27,20 +27,18 @@ Writes  RUN/eval/<label>/{base,inspace,external,smolagents}.jsonl   (rollouts ma
         RUN/eval/<label>/summary.json                    (this policy's numbers; written last: the done marker)
 """
 import argparse
-import contextlib
 import hashlib
 import json
-import math
 import os
-import signal
-import subprocess
 import sys
-import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from intervals import pair_means, pass1_ci, task_means, wilson
+from intervals import betainc, clopper_pearson, trials_per_task  # noqa: F401 (tests check them as 06's)
+from plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text, run_child, write_atomic
 
 HERE = Path(__file__).resolve().parent
 SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
@@ -51,59 +49,41 @@ COMPONENTS = ["S", "T", "O", "C", "W"]
 # ----------------------------------------------------------------------------- Args
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--run", default="runs/default", help="run folder (outputs of stages 01-05)")
-    p.add_argument("--policy", default=None,
+    g = p.add_argument_group("what is evaluated")
+    g.add_argument("--run", default="runs/default", help="run folder (outputs of stages 01-05)")
+    g.add_argument("--policy", default=None,
                    help="checkpoint to evaluate (default: the run's latest iter_*/policy, else init_policy)")
-    p.add_argument("--label", default=None,
+    g.add_argument("--label", default=None,
                    help="row name in the tables (default: the policy folder's name; iter_NNN for iter_NNN/policy)")
-    p.add_argument("--tasks", default=str(HERE / "data" / "test_tasks.jsonl"), help="evaluation tasks (JSONL)")
-    p.add_argument("--max-tasks", type=int, default=None, help="evaluate on the first N test tasks only")
-    p.add_argument("--heldout", type=int, default=8, help="size of the seeded sample of held-out in-space harnesses")
-    p.add_argument("--eval-harnesses", default=None, metavar="FILE",
+    g.add_argument("--no-rollout", action="store_true", help="only score rollout files that already exist (e.g. "
+                   "made on another machine)")
+    g.add_argument("--overwrite", action="store_true", help="redo rollouts that already exist for this label")
+    g = p.add_argument_group("the evaluation set (the same for every policy compared)")
+    g.add_argument("--tasks", default=str(HERE / "data" / "test_tasks.jsonl"), help="evaluation tasks (JSONL)")
+    g.add_argument("--max-tasks", type=int, default=None, help="evaluate on the first N test tasks only (a budget)")
+    g.add_argument("--heldout", type=int, default=8, help="size of the seeded sample of held-out in-space harnesses")
+    g.add_argument("--eval-harnesses", default=None, metavar="FILE",
                    help="JSONL of harness records (harness_id): the In-Space split is exactly these ids (an "
                         "experiment's shared evaluation set) instead of the seeded --heldout sample")
-    p.add_argument("--base-harness", default="S0-T0-O0-C0-W0", help="id of the base harness")
-    p.add_argument("--harness-file", action="append", default=[],
-                   help="extra out-of-space harness JSON file(s), passed on to 04")
-    p.add_argument("--no-smolagents", action="store_true",
+    g.add_argument("--base-harness", default="S0-T0-O0-C0-W0", help="id of the base harness (the Base column)")
+    g.add_argument("--harness-file", action="append", default=[],
+                   help="extra out-of-space harness JSON file(s), passed on to 04: your own black-box harness")
+    g.add_argument("--no-smolagents", action="store_true",
                    help="skip the smolagents column (episodes inside smolagents' ToolCallingAgent, run one by one)")
-    p.add_argument("--smolagents-tasks", type=int, default=None,
-                   help="smolagents column: only the first N evaluation tasks (its episodes run one by one)")
-    p.add_argument("--samples", type=int, default=1, help="samples per (task, harness) pair")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend of 04")
-    p.add_argument("--max-model-len", type=int, default=None, help="vllm: context length, passed on to 04")
-    p.add_argument("--dtype", default=None, help="sampling dtype, passed on to 04 (default: 04's auto)")
-    p.add_argument("--max-turns", type=int, default=None, help="turn budget per episode (default: 04's)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per reply (default: 04's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the held-out sample and of sampling")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (kept in the summary's config; "
+    g.add_argument("--smolagents-tasks", type=int, default=None,
+                   help="smolagents column: only the first N evaluation tasks (its episodes run one by one: slow)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the held-out sample and of sampling")
+    g.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (kept in the summary's config; "
                    "the intervals here need none)")
-    p.add_argument("--no-rollout", action="store_true", help="only score rollout files that already exist")
-    p.add_argument("--overwrite", action="store_true", help="redo rollouts that already exist for this label")
+    g = p.add_argument_group("sampling, passed on to 04 (rows are compared only when these agree)")
+    g.add_argument("--samples", type=int, default=1, help="samples per (task, harness) pair")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    g.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend of 04")
+    g.add_argument("--max-model-len", type=int, default=None, help="vllm: context length")
+    g.add_argument("--dtype", default=None, help="sampling dtype (default: 04's auto)")
+    g.add_argument("--max-turns", type=int, default=None, help="turn budget per episode (default: 04's)")
+    g.add_argument("--max-new-tokens", type=int, default=None, help="tokens per reply (default: 04's)")
     return p.parse_args(argv)
-
-
-# ----------------------------------------------------------------------------- helpers (the same in every stage)
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def write_atomic(path, text):
-    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
 
 
 def latest_policy(run):
@@ -134,56 +114,15 @@ def pct(x, digits=0):
 # ---- input checking ----
 # Every file and flag is checked as it is read: bad input stops with one line naming the file, the line and the
 # field (exit 2), and nothing is written.
-def read_utf8(path):
-    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        fail(f"{path}:{data[:e.start].count(bytes([10])) + 1}: invalid UTF-8 (byte {data[e.start]:#04x})")
-
-
-def read_jsonl(path, required=(), numbered=False):
-    """Rows of a JSONL file (with numbered=True: (line number, row) pairs)."""
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found")
-    rows = []
-    for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            fail(f"{path}:{lineno}: malformed JSON ({e.msg})")
-        if not isinstance(row, dict):
-            fail(f"{path}:{lineno}: expected a JSON object")
-        for field in required:
-            if field not in row:
-                fail(f"{path}:{lineno}: missing field '{field}'")
-        rows.append((lineno, row) if numbered else row)
-    return rows
-
-
-def read_json(path, hint=""):
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found{hint}")
-    try:
-        return json.loads(read_utf8(path))
-    except json.JSONDecodeError as e:
-        fail(f"{path}:{e.lineno}: malformed JSON ({e.msg})")
-
-
 def harness_file_ids(path):
     """Harness ids of a file as 04 reads it: a JSON object, a JSON list of objects, or JSONL (04 validates)."""
     if not Path(path).is_file():
         fail(f"{path}: harness file not found")
     try:
-        data = json.loads(read_utf8(path))
+        data = json.loads(read_text(path))
         rows = data if isinstance(data, list) else [data]
     except json.JSONDecodeError:
-        rows = read_jsonl(path)
+        rows = [h for _, h in read_jsonl(path)]
     return [h["harness_id"] for h in rows if isinstance(h, dict) and "harness_id" in h]
 
 
@@ -213,7 +152,7 @@ EPISODE_SCHEMA = {
 
 def read_episodes(path):
     """A split file's episodes, each field checked against EPISODE_SCHEMA (one line naming file, line, field)."""
-    rows = read_jsonl(path, required=[k for k, (_, _, req) in EPISODE_SCHEMA.items() if req], numbered=True)
+    rows = read_jsonl(path, required=[k for k, (_, _, req) in EPISODE_SCHEMA.items() if req])
     for lineno, e in rows:
         for k, (ok, want, _) in EPISODE_SCHEMA.items():
             if k in e and not ok(e[k]):
@@ -244,7 +183,7 @@ def inspace_ids_of(args, run, train_ids):
     every policy evaluated with this seed)."""
     if args.eval_harnesses:
         ids = set()
-        for lineno, h in read_jsonl(args.eval_harnesses, required=("harness_id",), numbered=True):
+        for lineno, h in read_jsonl(args.eval_harnesses, required=("harness_id",)):
             hid, where = h["harness_id"], f"{args.eval_harnesses}:{lineno}"
             if not isinstance(hid, str) or levels_of(hid) is None:
                 fail(f"{where}: harness_id {hid!r} is not an in-space configuration (S?-T?-O?-C?-W?)")
@@ -255,7 +194,7 @@ def inspace_ids_of(args, run, train_ids):
                     "evaluation set must be disjoint from it")
             ids.add(hid)
         return sorted(ids)
-    heldout = [h["harness_id"] for h in read_jsonl(run / "heldout_harnesses.jsonl", required=("harness_id",))]
+    heldout = [h["harness_id"] for _, h in read_jsonl(run / "heldout_harnesses.jsonl", required=("harness_id",))]
     if args.base_harness in heldout:
         print(f"[06] note: the base harness {args.base_harness} is not in the training set")
     rng = np.random.default_rng(args.seed)
@@ -333,7 +272,8 @@ def make_rollouts(args, run, policy, out_dir, ids, want, splits):
                 f"for {request[field]!r}; {redo}")
         if split not in old.get("splits", []):
             fail(f"{path} is not among the splits {ck_path} lists; {redo}")
-        check_pairs(path, read_jsonl(path, required=("task_id", "harness_id")), want[split], split, redo)
+        rows = [r for _, r in read_jsonl(path, required=("task_id", "harness_id"))]
+        check_pairs(path, rows, want[split], split, redo)
         print(f"[06] {path} exists, made by the same checkpoint and settings: reusing it (--overwrite to redo)")
     done = set(old.get("splits", [])) if same else set()
     todo = [s for s in splits if s not in existing]
@@ -347,140 +287,47 @@ def make_rollouts(args, run, policy, out_dir, ids, want, splits):
         split_tasks = tasks
         if name == "smolagents" and args.smolagents_tasks:
             split_tasks = out_dir / "smolagents_tasks.jsonl"
-            write_atomic(split_tasks, "".join(json.dumps(r) + "\n" for r in read_jsonl(tasks)[:args.smolagents_tasks]))
-        cmd = [sys.executable, str(HERE / "04_rollout.py"), "--run", str(run), "--eval",
-               "--policy", str(policy), "--harnesses", spec, "--tasks", str(split_tasks),
-               "--samples", str(args.samples), "--temperature", str(args.temperature),
-               "--backend", args.backend, "--seed", str(args.seed), "--out", str(out)]
-        for flag, value in (("--max-turns", args.max_turns), ("--max-new-tokens", args.max_new_tokens),
-                            ("--max-model-len", args.max_model_len), ("--dtype", args.dtype)):
-            cmd += [flag, str(value)] if value else []
-        for hf in args.harness_file if "external" in name else []:
-            cmd += ["--harness-file", hf]
+            rows = [r for _, r in read_jsonl(tasks)][:args.smolagents_tasks]
+            write_atomic(split_tasks, "".join(json.dumps(r) + "\n" for r in rows))
+        cmd = rollout_command(args, run, policy, spec, split_tasks, out, "external" in name)
         print(f"[06] {name}: " + " ".join(cmd[1:]), flush=True)
-        if subprocess.run(cmd).returncode != 0:
+        # run_child passes SIGINT / SIGTERM on to 04 and waits: stopping 06 stops 04 and its vLLM engine too
+        if run_child(cmd, on_stop=f"[06] the '{name}' rollouts were not finished") != 0:
             fail(f"stage 04 failed while making the '{name}' rollouts (command above)")
         if name != "smolagents":
-            rows = read_jsonl(out, required=("harness_id",))  # one file per split, by harness id
+            rows = [r for _, r in read_jsonl(out, required=("harness_id",))]  # one file per split, by harness id
             split_of = {args.base_harness: "base", **{h: "inspace" for h in ids["inspace"]}}
             for split in name.split("+"):
-                write_atomic(out_dir / f"{split}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows
-                                                                 if split_of.get(r["harness_id"], "external") == split))
+                write_atomic(out_dir / f"{split}.jsonl",
+                             jsonl_text(r for r in rows if split_of.get(r["harness_id"], "external") == split))
             out.unlink()
         done |= set(name.split("+"))
         write_atomic(ck_path, json.dumps({**request, "splits": sorted(done)}, indent=2))
     return request
 
 
+def rollout_command(args, run, policy, spec, tasks, out, external):
+    """The 04 --eval command line of one call: this call's policy, harnesses, tasks and sampling settings."""
+    cmd = [sys.executable, str(HERE / "04_rollout.py"), "--run", str(run), "--eval",
+           "--policy", str(policy), "--harnesses", spec, "--tasks", str(tasks),
+           "--samples", str(args.samples), "--temperature", str(args.temperature),
+           "--backend", args.backend, "--seed", str(args.seed), "--out", str(out)]
+    for flag, value in (("--max-turns", args.max_turns), ("--max-new-tokens", args.max_new_tokens),
+                        ("--max-model-len", args.max_model_len), ("--dtype", args.dtype)):
+        cmd += [flag, str(value)] if value else []
+    for hf in args.harness_file if external else []:
+        cmd += ["--harness-file", hf]
+    return cmd
+
+
 def tasks_file(args, out_dir):
     """The evaluation tasks, optionally cut to the first --max-tasks (written beside the rollouts)."""
     if args.max_tasks is None:
         return Path(args.tasks)
-    rows = read_jsonl(args.tasks, required=("task_id",))[: args.max_tasks]
+    rows = [r for _, r in read_jsonl(args.tasks, required=("task_id",))][: args.max_tasks]
     path = out_dir / "tasks.jsonl"
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-# ----------------------------------------------------------------------------- statistics
-def pair_means(episodes):
-    """{(task_id, harness_id): success averaged over the pair's samples}."""
-    by_pair = defaultdict(list)
-    for e in episodes:
-        by_pair[(e["task_id"], e["harness_id"])].append(float(e["success"]))
-    return {k: float(np.mean(v)) for k, v in by_pair.items()}
-
-
-def task_means(pairs, tasks):
-    """[n_tasks] per-task pass@1: mean over the task's (harness) pairs, each a mean over its samples."""
-    by_task = defaultdict(list)
-    for (t, _), v in pairs.items():
-        by_task[t].append(v)
-    return np.array([np.mean(by_task[t]) for t in tasks])
-
-
-def betainc(a, b, x):
-    """Regularised incomplete beta I_x(a, b) = P(Beta(a, b) <= x), by its continued fraction (Lentz's method;
-    Numerical Recipes 6.4). For integers, I_p(k, n - k + 1) = P(Binomial(n, p) >= k)."""
-    if x <= 0 or x >= 1:
-        return float(x >= 1)
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below the mean: use the symmetry
-        return 1 - betainc(b, a, 1 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
-    c, d, f = 1.0, 1 - (a + b) * x / (a + 1), 0.0
-    d = 1 / (d if abs(d) > 1e-300 else 1e-300)
-    f = d
-    for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d, c = 1 + num * d, 1 + num / c
-            d, c = 1 / (d if abs(d) > 1e-300 else 1e-300), (c if abs(c) > 1e-300 else 1e-300)
-            f *= c * d
-        if abs(c * d - 1) < 1e-12:
-            break
-    return front * f
-
-
-def beta_quantile(q, a, b):
-    """x with I_x(a, b) = q, by bisection (I is increasing in x)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if betainc(a, b, mid) < q else (lo, mid)
-    return (lo + hi) / 2
-
-
-def clopper_pearson(k, n, alpha=0.05):
-    """Exact (Clopper-Pearson) interval for k successes in n trials; k may be fractional (an effective count):
-    lower = Beta quantile alpha/2 of (k, n - k + 1), upper = Beta quantile 1 - alpha/2 of (k + 1, n - k).
-    0/40 -> [0, 0.088]; 1/40 -> [0.0006, 0.132]."""
-    lo = 0.0 if k <= 0 else beta_quantile(alpha / 2, k, n - k + 1)
-    hi = 1.0 if k >= n else beta_quantile(1 - alpha / 2, k + 1, n - k)
-    return [lo, hi]
-
-
-def t_quantile_975(df):
-    """Student t 97.5% quantile (2.069 at df = 23): P(T > t) = I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 = 0.025."""
-    lo, hi = 0.0, 1000.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if betainc(df / 2, 0.5, df / (df + mid * mid)) / 2 > 0.025 else (lo, mid)
-    return (lo + hi) / 2
-
-
-def trials_per_task(v):
-    """The smallest m <= 10000 with every v * m an integer: a task's value is successes / m (pairs x samples)."""
-    return next((m for m in range(1, 10001) if np.allclose(v * m, np.round(v * m), atol=1e-6)), 10000)
-
-
-def pass1_ci(task_values, n_boot, seed):
-    """(95% interval, method) of pass@1 = mean of the per-task values; every table row goes through here.
-    - every task 0 or 1: Clopper-Pearson on k of n tasks ("exact"), at every count.
-    - a task's value is a mean over m harnesses / samples: Korn-Graubard (1998), Clopper-Pearson on the effective
-      number of trials n_eff = p (1 - p) / Var(p), Var(p) = s^2 / n from the spread of the task values (tasks are
-      the independent units), at most n m, times (z / t_{n-1})^2 for the estimated variance ("korn-graubard").
-      Its coverage is checked by simulation: bench/ci_coverage.py, docs/metrics.md.
-    n_boot and seed are unused: this interval needs no resampling (compare.py's paired bootstrap does)."""
-    v = np.asarray(task_values, dtype=float)  # [n_tasks]
-    n = len(v)
-    if n == 0:
-        return [0.0, 1.0], "exact"
-    if np.all((v == 0) | (v == 1)):
-        return clopper_pearson(int(v.sum()), n), "exact"
-    p, var = float(v.mean()), float(v.var(ddof=1)) / n if n > 1 else 0.0  # Var(p) = s^2 / n over tasks
-    n_max = n * trials_per_task(v)  # the Bernoulli trials behind the values: the effective count cannot exceed it
-    # n_eff = p (1 - p) / Var(p) x (z / t_{n-1})^2, at most n m
-    n_eff = min(p * (1 - p) / var * (1.959964 / t_quantile_975(n - 1)) ** 2, n_max) if var > 0 else n_max
-    return clopper_pearson(p * n_eff, n_eff), "korn-graubard"
-
-
-def wilson(k, n, z=1.96):
-    """Wilson 95% interval: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), p = k/n."""
-    if n == 0:
-        return [0.0, 1.0]
-    p = k / n
-    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return [float(max(0.0, (centre - half) / (1 + z * z / n))), float(min(1.0, (centre + half) / (1 + z * z / n)))]
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -546,7 +393,7 @@ def training_curve(run):
     """Mean training reward of each iteration's rollouts (04 train mode)."""
     curve = []
     for path in sorted(run.glob("iter_*/rollouts.jsonl")):
-        rows = read_jsonl(path, required=("reward",))
+        rows = [r for _, r in read_jsonl(path, required=("reward",))]
         curve.append({"iteration": int(path.parent.name.split("_")[1]),
                       "reward_mean": float(np.mean([r["reward"] for r in rows])) if rows else 0.0,
                       "success": float(np.mean([r["success"] for r in rows])) if rows else 0.0})
@@ -648,71 +495,6 @@ def plot_curve(run, curve, summaries):
     os.replace(tmp, run / "learning_curve.png")
 
 
-# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
-LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
-    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
-    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
-    the folders made for it if they stayed empty: bad input leaves nothing behind."""
-    path = Path(path).resolve()
-    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-                pid = int(holder["pid"])
-            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
-                holder, pid = {}, None
-            if pid is not None and inherited.get(str(path)) == str(pid):
-                yield  # our parent holds it
-                return
-            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
-                    time.time() - path.stat().st_mtime < 5:
-                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
-                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
-                raise SystemExit(2)
-            path.unlink(missing_ok=True)  # stale: its process is gone
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
-    before = os.environ.get(LOCK_ENV)
-    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
-    term = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
-    try:
-        yield
-    finally:
-        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, term)
-        if before is None:
-            os.environ.pop(LOCK_ENV, None)
-        else:
-            os.environ[LOCK_ENV] = before
-        path.unlink(missing_ok=True)
-        for p in made:  # deepest first
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
-
-
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
@@ -725,10 +507,11 @@ def evaluate(args):
     for name in ("train_harnesses.jsonl", "heldout_harnesses.jsonl"):
         if not (run / name).is_file():
             fail(f"{run / name}: file not found (run 01_harness_space.py and 02_orthogonal_design.py first)")
-    train_ids = sorted({h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",))})
+    train_ids = sorted({h["harness_id"] for _, h in read_jsonl(run / "train_harnesses.jsonl",
+                                                                required=("harness_id",))})
     ids = {"base": [args.base_harness], "inspace": inspace_ids_of(args, run, train_ids),
            "external": external_ids_of(args, train_ids)}
-    task_ids = [t["task_id"] for t in read_jsonl(args.tasks, required=("task_id",))][:args.max_tasks]
+    task_ids = [t["task_id"] for _, t in read_jsonl(args.tasks, required=("task_id",))][:args.max_tasks]
     want = {s: {(t, h) for t in task_ids for h in hs} for s, hs in ids.items()}  # the pairs each split evaluates
     want["smolagents"] = set(task_ids[:args.smolagents_tasks])  # smolagents: task ids (its harness id is 04's)
     splits = [s for s in wanted_splits(args) if s != "external" or ids["external"]]
@@ -748,7 +531,21 @@ def evaluate(args):
         if not policy.is_dir() and str(policy) != "oracle":
             fail(f"{policy}: policy folder not found")
         checkpoint = make_rollouts(args, run, policy, out_dir, ids, want, splits)
+    episodes = read_splits(args, out_dir, splits, want)
+    summary = {
+        "label": label, "policy": str(policy), "tasks": args.tasks, "heldout_ids": ids["inspace"],
+        "eval_harnesses": args.eval_harnesses, "train_ids": train_ids, "external_ids": ids["external"],
+        "checkpoint": checkpoint,
+        "splits": {s: score_split(eps, args.bootstrap, args.seed) for s, eps in episodes.items()},
+        "per_component": per_component(episodes.get("inspace", [])),
+        "training_curve": training_curve(run),
+        "config": vars(args),
+    }
+    write_reports(run, out_dir, label, summary)
 
+
+def read_splits(args, out_dir, splits, want):
+    """{split: episodes} of the split files in out_dir, each checked to hold exactly this call's pairs."""
     episodes = {}
     for split in splits:
         path = out_dir / f"{split}.jsonl"
@@ -763,16 +560,11 @@ def evaluate(args):
             print(f"[06] {path} missing: split '{split}' left out")
     if not episodes:
         fail(f"{out_dir}: no rollout files to score")
-    summary = {
-        "label": label, "policy": str(policy), "tasks": args.tasks, "heldout_ids": ids["inspace"],
-        "eval_harnesses": args.eval_harnesses, "train_ids": train_ids, "external_ids": ids["external"],
-        "checkpoint": checkpoint,
-        "splits": {s: score_split(eps, args.bootstrap, args.seed) for s, eps in episodes.items()},
-        "per_component": per_component(episodes.get("inspace", [])),
-        "training_curve": training_curve(run),
-        "config": vars(args),
-    }
-    # merge into the run's summary (one entry per label evaluated in this run); summary.json last: the done marker
+    return episodes
+
+
+def write_reports(run, out_dir, label, summary):
+    """Merge into the run's summary (one entry per label evaluated in this run); summary.json last: the done marker."""
     all_path = run / "eval_summary.json"
     summaries = read_json(all_path) if all_path.is_file() else {}
     summaries[label] = summary

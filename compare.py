@@ -28,16 +28,12 @@ Writes  --out PREFIX: PREFIX.md, PREFIX.json (written last)
 import argparse
 import contextlib
 import json
-import math
-import os
-import signal
-import sys
-import threading
-import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+
+from intervals import bootstrap_ci, min_detectable, pair_means, pass1_ci, sign_test, task_means
+from plumbing import fail, locked, read_json, read_jsonl, write_atomic
 
 SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
 SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "external": "Out-of-Space", "smolagents": "smolagents"}
@@ -53,39 +49,21 @@ CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*)
 # ----------------------------------------------------------------------------- Args
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("items", nargs="+", metavar="ITEM",
+    g = p.add_argument_group("the rows")
+    g.add_argument("items", nargs="+", metavar="ITEM",
                    help="RUN (one row per label of its eval_summary.json) or [NAME=]EVALDIR[,EVALDIR...] "
                         "(RUN/eval/LABEL folders; several = seed replicates of one method, one row)")
-    p.add_argument("--reference", default=None, help="the row the paired differences are taken to "
+    g.add_argument("--reference", default=None, help="the row the paired differences are taken to "
                                                      "(default: the first row)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the paired bootstrap")
-    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% interval")
-    p.add_argument("--experiment", default=None, metavar="EXP",
+    g = p.add_argument_group("the paired bootstrap of the differences")
+    g.add_argument("--seed", type=int, default=0, help="seed of the resampling (a table is reproducible)")
+    g.add_argument("--bootstrap", type=int, default=1000, help="resamples for the 95%% interval (more: a steadier "
+                   "interval edge)")
+    g = p.add_argument_group("outputs")
+    g.add_argument("--experiment", default=None, metavar="EXP",
                    help="an experiment folder of pipeline.py: add what each of its methods spent, and its settings")
-    p.add_argument("--out", default=None, metavar="PREFIX", help="also write PREFIX.md and PREFIX.json")
+    g.add_argument("--out", default=None, metavar="PREFIX", help="also write PREFIX.md and PREFIX.json")
     return p.parse_args(argv)
-
-
-# ----------------------------------------------------------------------------- helpers (the same in every stage)
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def write_atomic(path, text):
-    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
 
 
 def levels_of(harness_id):
@@ -112,44 +90,6 @@ def split_title(split, summaries):
 # ---- input checking ----
 # Every file is checked as it is read: bad input stops with one line naming the file, the line and the field
 # (exit 2), before anything is written.
-def read_utf8(path):
-    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        fail(f"{path}:{data[:e.start].count(bytes([10])) + 1}: invalid UTF-8 (byte {data[e.start]:#04x})")
-
-def read_jsonl(path, required=(), numbered=False):
-    """Rows of a JSONL file (with numbered=True: (line number, row) pairs)."""
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found")
-    rows = []
-    for lineno, line in enumerate(read_utf8(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            fail(f"{path}:{lineno}: malformed JSON ({e.msg})")
-        if not isinstance(row, dict):
-            fail(f"{path}:{lineno}: expected a JSON object")
-        for field in required:
-            if field not in row:
-                fail(f"{path}:{lineno}: missing field '{field}'")
-        rows.append((lineno, row) if numbered else row)
-    return rows
-
-def read_json(path, hint=""):
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found{hint}")
-    try:
-        return json.loads(read_utf8(path))
-    except json.JSONDecodeError as e:
-        fail(f"{path}:{e.lineno}: malformed JSON ({e.msg})")
-
 def compare_rows(items):
     """ITEMs -> rows {name, evaldirs, summaries}: a RUN gives one row per label of its eval_summary.json;
     [NAME=]EVALDIR[,EVALDIR...] gives one row (several EVALDIRs: seed replicates of one method)."""
@@ -189,8 +129,8 @@ def checked_summary(summary, where):
 
 def load_pairs(evaldir, summary, excluded):
     """{split: {(task, harness): success averaged over samples}} of one EVALDIR; Out-of-Space without `excluded`."""
-    return {split: pair_means([e for e in read_jsonl(evaldir / f"{split}.jsonl", required=("task_id", "harness_id",
-                                                                                           "success"))
+    return {split: pair_means([e for _, e in read_jsonl(evaldir / f"{split}.jsonl",
+                                                        required=("task_id", "harness_id", "success"))
                                if not (split == "external" and e["harness_id"] in excluded)])
             for split in summary["splits"]}
 
@@ -213,117 +153,6 @@ def experiment_runs(exp):
 
 
 # ---- the algorithm ----
-# ----------------------------------------------------------------------------- statistics
-def pair_means(episodes):
-    """{(task_id, harness_id): success averaged over the pair's samples}."""
-    by_pair = defaultdict(list)
-    for e in episodes:
-        by_pair[(e["task_id"], e["harness_id"])].append(float(e["success"]))
-    return {k: float(np.mean(v)) for k, v in by_pair.items()}
-
-def task_means(pairs, tasks):
-    """[n_tasks] per-task pass@1: mean over the task's (harness) pairs, each a mean over its samples."""
-    by_task = defaultdict(list)
-    for (t, _), v in pairs.items():
-        by_task[t].append(v)
-    return np.array([np.mean(by_task[t]) for t in tasks])
-
-def bootstrap_ci(values, n_boot, seed):
-    """95% percentile interval of mean(values) by resampling the values (one per TASK) with replacement. Given the
-    per-task differences of two rows, this is the paired bootstrap: both rows get the same resampled tasks."""
-    values = np.asarray(values, dtype=float)  # [n_tasks]
-    if len(values) < 2:
-        return [float(values.mean()), float(values.mean())] if len(values) else [0.0, 0.0]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(values), size=(n_boot, len(values)))  # [n_boot, n_tasks]
-    means = values[idx].mean(axis=1)  # [n_boot]
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
-
-def betainc(a, b, x):
-    """Regularised incomplete beta I_x(a, b) = P(Beta(a, b) <= x), by its continued fraction (Lentz's method;
-    Numerical Recipes 6.4). For integers, I_p(k, n - k + 1) = P(Binomial(n, p) >= k)."""
-    if x <= 0 or x >= 1:
-        return float(x >= 1)
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below the mean: use the symmetry
-        return 1 - betainc(b, a, 1 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
-    c, d, f = 1.0, 1 - (a + b) * x / (a + 1), 0.0
-    d = 1 / (d if abs(d) > 1e-300 else 1e-300)
-    f = d
-    for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d, c = 1 + num * d, 1 + num / c
-            d, c = 1 / (d if abs(d) > 1e-300 else 1e-300), (c if abs(c) > 1e-300 else 1e-300)
-            f *= c * d
-        if abs(c * d - 1) < 1e-12:
-            break
-    return front * f
-
-def beta_quantile(q, a, b):
-    """x with I_x(a, b) = q, by bisection (I is increasing in x)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if betainc(a, b, mid) < q else (lo, mid)
-    return (lo + hi) / 2
-
-def clopper_pearson(k, n, alpha=0.05):
-    """Exact (Clopper-Pearson) interval for k successes in n trials; k may be fractional (an effective count):
-    lower = Beta quantile alpha/2 of (k, n - k + 1), upper = Beta quantile 1 - alpha/2 of (k + 1, n - k).
-    0/40 -> [0, 0.088]; 1/40 -> [0.0006, 0.132]."""
-    lo = 0.0 if k <= 0 else beta_quantile(alpha / 2, k, n - k + 1)
-    hi = 1.0 if k >= n else beta_quantile(1 - alpha / 2, k + 1, n - k)
-    return [lo, hi]
-
-def t_quantile_975(df):
-    """Student t 97.5% quantile (2.069 at df = 23): P(T > t) = I_{df / (df + t^2)}(df / 2, 1 / 2) / 2 = 0.025."""
-    lo, hi = 0.0, 1000.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if betainc(df / 2, 0.5, df / (df + mid * mid)) / 2 > 0.025 else (lo, mid)
-    return (lo + hi) / 2
-
-def trials_per_task(v):
-    """The smallest m <= 10000 with every v * m an integer: a task's value is successes / m (pairs x samples)."""
-    return next((m for m in range(1, 10001) if np.allclose(v * m, np.round(v * m), atol=1e-6)), 10000)
-
-def pass1_ci(task_values, n_boot, seed):
-    """(95% interval, method) of pass@1 = mean of the per-task values; every table row goes through here.
-    - every task 0 or 1: Clopper-Pearson on k of n tasks ("exact"), at every count.
-    - a task's value is a mean over m harnesses / samples: Korn-Graubard (1998), Clopper-Pearson on the effective
-      number of trials n_eff = p (1 - p) / Var(p), Var(p) = s^2 / n from the spread of the task values (tasks are
-      the independent units), at most n m, times (z / t_{n-1})^2 for the estimated variance ("korn-graubard").
-      Its coverage is checked by simulation: bench/ci_coverage.py, docs/metrics.md.
-    n_boot and seed are the paired bootstrap's (compare); this interval needs no resampling."""
-    v = np.asarray(task_values, dtype=float)  # [n_tasks]
-    n = len(v)
-    if n == 0:
-        return [0.0, 1.0], "exact"
-    if np.all((v == 0) | (v == 1)):
-        return clopper_pearson(int(v.sum()), n), "exact"
-    p, var = float(v.mean()), float(v.var(ddof=1)) / n if n > 1 else 0.0  # Var(p) = s^2 / n over tasks
-    n_max = n * trials_per_task(v)  # the Bernoulli trials behind the values: the effective count cannot exceed it
-    # n_eff = p (1 - p) / Var(p) x (z / t_{n-1})^2, at most n m
-    n_eff = min(p * (1 - p) / var * (1.959964 / t_quantile_975(n - 1)) ** 2, n_max) if var > 0 else n_max
-    return clopper_pearson(p * n_eff, n_eff), "korn-graubard"
-
-def min_detectable(d):
-    """Minimum detectable difference of a paired comparison over n tasks: the true mean difference a two-sided 5%
-    test finds with 80% power, (z_0.975 + z_0.8) s_d / sqrt(n), s_d the spread of the measured per-task differences
-    d (normal approximation; a planning figure: how small a difference this many tasks can resolve)."""
-    d = np.asarray(d, dtype=float)
-    return float((1.959964 + 0.841621) * d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None
-
-
-def sign_test(better, worse):
-    """Exact two-sided sign test on the discordant tasks: p = min(1, 2 P(X <= min(b, w))), X ~ Bin(b + w, 1/2)."""
-    n = better + worse
-    if n == 0:
-        return 1.0
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(better, worse) + 1)) / 2 ** n)
-
-
 # ----------------------------------------------------------------------------- common ground, paired differences
 def first_difference(what, a_name, a, b_name, b):
     """'WHAT differ: A has X, B does not' for the first element in one set and not the other; None if equal."""
@@ -438,10 +267,12 @@ def paired_rows(rows, ref, splits, args):
 # ----------------------------------------------------------------------------- what each method spent
 def compute_of(run):
     """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage."""
-    rollouts = [e for p in run.glob("iter_*/rollouts.jsonl") for e in read_jsonl(p, required=("task_id", "harness_id"))]
-    logs = [r for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")] for r in read_jsonl(p)]
-    groups = {a["task_id"]: set(a["harness_ids"]) for a in read_jsonl(run / "assignment.jsonl",
-                                                                      required=("task_id", "harness_ids"))}
+    rollouts = [e for p in run.glob("iter_*/rollouts.jsonl")
+                for _, e in read_jsonl(p, required=("task_id", "harness_id"))]
+    logs = [r for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")]
+            for _, r in read_jsonl(p)]
+    groups = {a["task_id"]: set(a["harness_ids"]) for _, a in read_jsonl(run / "assignment.jsonl",
+                                                                         required=("task_id", "harness_ids"))}
     seen = {}
     for e in rollouts:
         seen.setdefault(e["task_id"], set()).add(e["harness_id"])
@@ -454,7 +285,7 @@ def compute_of(run):
             "eval_s": round(sum(v for k, v in times.items() if k.startswith("06")), 1),
             "tasks_trained": len(seen), "tasks_saw_all_K": sum(seen[t] == groups[t] for t in seen),
             "training_harnesses": sorted({h for hs in seen.values() for h in hs}) or
-            sorted(h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",)))}
+            sorted(h["harness_id"] for _, h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",)))}
 
 
 def compute_markdown(compute):
@@ -500,71 +331,6 @@ def compare_markdown(report, splits, summaries):
     lines += ["", "Minimum detectable difference to the reference in points (80% power, two-sided 5%, from each row's "
               "paired per-task differences; 0 where the rows never differ): " + "; ".join(mdd) + "."]
     return "\n".join(lines) + "\n"
-
-
-# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
-LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
-    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
-    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
-    the folders made for it if they stayed empty: bad input leaves nothing behind."""
-    path = Path(path).resolve()
-    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-                pid = int(holder["pid"])
-            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
-                holder, pid = {}, None
-            if pid is not None and inherited.get(str(path)) == str(pid):
-                yield  # our parent holds it
-                return
-            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
-                    time.time() - path.stat().st_mtime < 5:
-                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
-                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
-                raise SystemExit(2)
-            path.unlink(missing_ok=True)  # stale: its process is gone
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
-    before = os.environ.get(LOCK_ENV)
-    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
-    term = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
-    try:
-        yield
-    finally:
-        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, term)
-        if before is None:
-            os.environ.pop(LOCK_ENV, None)
-        else:
-            os.environ[LOCK_ENV] = before
-        path.unlink(missing_ok=True)
-        for p in made:  # deepest first
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
 
 
 # ----------------------------------------------------------------------------- main

@@ -10,7 +10,7 @@ set and under the run's own training harnesses, RUN/curve/iter-NNN.jsonl.
     python transfer_curve.py harness-scaling=runs/exp/harness-scaling single=runs/exp/single \
         --eval-set runs/exp/eval_harnesses.jsonl --out runs/exp/transfer_curve
 
-For every method and checkpoint, two lines, each pass@1 over tasks with its 95% interval (compare.py's pass1_ci):
+For every method and checkpoint, two lines, each pass@1 over tasks with its 95% interval (intervals.py's pass1_ci):
   trained   the (task, harness) pairs under the run's training harnesses (RUN/train_harnesses.jsonl)
   held-out  the pairs under the evaluation set (disjoint from every method's training harnesses)
 and each point's paired change since the warm start (iteration 0), with the exact sign test over tasks. Between
@@ -30,20 +30,23 @@ from pathlib import Path
 
 import numpy as np
 
-from compare import fail, locked, pair_means, pass1_ci, read_jsonl, sign_test, task_means, write_atomic
+from intervals import pair_means, pass1_ci, sign_test, task_means
+from plumbing import fail, locked, read_jsonl, write_atomic
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("items", nargs="+", metavar="NAME=RUN[,RUN...]", help="a method's run folder(s)")
-    p.add_argument("--eval-set", required=True, metavar="FILE", help="the held-out harnesses (JSONL, harness_id)")
+    p.add_argument("items", nargs="+", metavar="NAME=RUN[,RUN...]", help="a method's run folder(s); several: seed "
+                   "replicates, averaged")
+    p.add_argument("--eval-set", required=True, metavar="FILE", help="the held-out harnesses (JSONL, harness_id): "
+                   "the experiment's In-Space set, which no method trained on")
     p.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.md, PREFIX.png, PREFIX.json")
     return p.parse_args(argv)
 
 
 # ---- input checking ----
 def harness_ids(path):
-    return [h["harness_id"] for h in read_jsonl(path, required=("harness_id",))]
+    return [h["harness_id"] for _, h in read_jsonl(path, required=("harness_id",))]
 
 
 COUNTS = ("turns", "parse_errors", "tool_errors")  # 04's per-episode counters that say how an episode went
@@ -53,8 +56,7 @@ def read_checkpoint(path):
     """The episodes of one 04 --eval file: task_id, harness_id, success (true/false), finish_reason and the
     counters in COUNTS (non-negative integers)."""
     episodes = []
-    for lineno, e in read_jsonl(path, required=("task_id", "harness_id", "success", "finish_reason", *COUNTS),
-                                numbered=True):
+    for lineno, e in read_jsonl(path, required=("task_id", "harness_id", "success", "finish_reason", *COUNTS)):
         if type(e["success"]) not in (bool, int) or e["success"] not in (0, 1):
             fail(f"{path}:{lineno}: field 'success' is {e['success']!r}, expected true/false")
         for field in COUNTS:
