@@ -48,41 +48,43 @@ COMPONENTS = ["S", "T", "O", "C", "W"]
 
 # ----------------------------------------------------------------------------- Args
 def parse_args(argv=None):
+    # (arguments in the order of the summary's "config"; each in its group for --help)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    g = p.add_argument_group("what is evaluated")
-    g.add_argument("--run", default="runs/default", help="run folder (outputs of stages 01-05)")
-    g.add_argument("--policy", default=None,
-                   help="checkpoint to evaluate (default: the run's latest iter_*/policy, else init_policy)")
-    g.add_argument("--label", default=None,
-                   help="row name in the tables (default: the policy folder's name; iter_NNN for iter_NNN/policy)")
-    g.add_argument("--no-rollout", action="store_true", help="only score rollout files that already exist (e.g. "
-                   "made on another machine)")
-    g.add_argument("--overwrite", action="store_true", help="redo rollouts that already exist for this label")
-    g = p.add_argument_group("the evaluation set (the same for every policy compared)")
-    g.add_argument("--tasks", default=str(HERE / "data" / "test_tasks.jsonl"), help="evaluation tasks (JSONL)")
-    g.add_argument("--max-tasks", type=int, default=None, help="evaluate on the first N test tasks only (a budget)")
-    g.add_argument("--heldout", type=int, default=8, help="size of the seeded sample of held-out in-space harnesses")
-    g.add_argument("--eval-harnesses", default=None, metavar="FILE",
-                   help="JSONL of harness records (harness_id): the In-Space split is exactly these ids (an "
-                        "experiment's shared evaluation set) instead of the seeded --heldout sample")
-    g.add_argument("--base-harness", default="S0-T0-O0-C0-W0", help="id of the base harness (the Base column)")
-    g.add_argument("--harness-file", action="append", default=[],
-                   help="extra out-of-space harness JSON file(s), passed on to 04: your own black-box harness")
-    g.add_argument("--no-smolagents", action="store_true",
-                   help="skip the smolagents column (episodes inside smolagents' ToolCallingAgent, run one by one)")
-    g.add_argument("--smolagents-tasks", type=int, default=None,
-                   help="smolagents column: only the first N evaluation tasks (its episodes run one by one: slow)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the held-out sample and of sampling")
-    g.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (kept in the summary's config; "
-                   "the intervals here need none)")
-    g = p.add_argument_group("sampling, passed on to 04 (rows are compared only when these agree)")
-    g.add_argument("--samples", type=int, default=1, help="samples per (task, harness) pair")
-    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
-    g.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend of 04")
-    g.add_argument("--max-model-len", type=int, default=None, help="vllm: context length")
-    g.add_argument("--dtype", default=None, help="sampling dtype (default: 04's auto)")
-    g.add_argument("--max-turns", type=int, default=None, help="turn budget per episode (default: 04's)")
-    g.add_argument("--max-new-tokens", type=int, default=None, help="tokens per reply (default: 04's)")
+    what = p.add_argument_group("what is evaluated")
+    evalset = p.add_argument_group("the evaluation set (the same for every policy compared)")
+    sampling = p.add_argument_group("sampling, passed on to 04 (rows are compared only where these agree)")
+    what.add_argument("--run", default="runs/default", help="run folder (outputs of stages 01-05)")
+    what.add_argument("--policy", default=None,
+                      help="checkpoint to evaluate (default: the run's latest iter_*/policy, else init_policy)")
+    what.add_argument("--label", default=None,
+                      help="row name in the tables (default: the policy folder's name; iter_NNN for iter_NNN/policy)")
+    evalset.add_argument("--tasks", default=str(HERE / "data" / "test_tasks.jsonl"), help="evaluation tasks (JSONL)")
+    evalset.add_argument("--max-tasks", type=int, default=None, help="evaluate on the first N test tasks only")
+    evalset.add_argument("--heldout", type=int, default=8, help="size of the seeded sample of held-out in-space "
+                         "harnesses")
+    evalset.add_argument("--eval-harnesses", default=None, metavar="FILE",
+                         help="JSONL of harness records (harness_id): the In-Space split is exactly these ids (an "
+                              "experiment's shared evaluation set) instead of the seeded --heldout sample")
+    evalset.add_argument("--base-harness", default="S0-T0-O0-C0-W0", help="id of the base harness (the Base column)")
+    evalset.add_argument("--harness-file", action="append", default=[],
+                         help="extra out-of-space harness JSON file(s), passed on to 04: your own black-box harness")
+    evalset.add_argument("--no-smolagents", action="store_true",
+                         help="skip the smolagents column (episodes inside smolagents' ToolCallingAgent, one by one)")
+    evalset.add_argument("--smolagents-tasks", type=int, default=None,
+                         help="smolagents column: only the first N evaluation tasks (its episodes run one by one)")
+    sampling.add_argument("--samples", type=int, default=1, help="samples per (task, harness) pair")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    sampling.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend of 04")
+    sampling.add_argument("--max-model-len", type=int, default=None, help="vllm: context length")
+    sampling.add_argument("--dtype", default=None, help="sampling dtype (default: 04's auto)")
+    sampling.add_argument("--max-turns", type=int, default=None, help="turn budget per episode (default: 04's)")
+    sampling.add_argument("--max-new-tokens", type=int, default=None, help="tokens per reply (default: 04's)")
+    evalset.add_argument("--seed", type=int, default=0, help="seed of the held-out sample and of sampling")
+    evalset.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (kept in the summary's "
+                         "config; the intervals here need none)")
+    what.add_argument("--no-rollout", action="store_true", help="only score rollout files that already exist (e.g. "
+                      "made on another machine)")
+    what.add_argument("--overwrite", action="store_true", help="redo rollouts that already exist for this label")
     return p.parse_args(argv)
 
 

