@@ -47,18 +47,14 @@ the order S,T,O,C,W: a JSON list of rows, or a CSV / whitespace table (an option
 "S,T,O,C,W", '#' comments). A table whose levels are all 1-based (no 0 anywhere) is shifted.
 """
 import argparse
-import contextlib
 import itertools
 import json
 import math
-import os
 import random
-import signal
-import sys
-import threading
-import time
 from collections import Counter
 from pathlib import Path
+
+from plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text, surrogate_field, write_atomic
 
 # Taguchi's L18 (2^1 x 3^7), levels 1-based as published: G. Taguchi & S. Konishi, "Orthogonal
 # Arrays and Linear Graphs" (ASI Press, 1987); also OA(18, 2^1 3^7, 2) in N.J.A. Sloane's
@@ -97,120 +93,48 @@ BASE = "S0-T0-O0-C0-W0"  # the base harness: realisation 0 of every component
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Stage 02: strength-2 orthogonal design -> train / held-out harnesses.")
     p.add_argument("--run", default="runs/default", help="run folder (reads stage 01's files, writes here)")
-    p.add_argument("--method", default="oa", choices=["oa", "random", "single", "one-factor"],
+    g = p.add_argument_group("the training set H_tr (written to RUN)")
+    g.add_argument("--method", default="oa", choices=["oa", "random", "single", "one-factor"],
                    help="oa: the orthogonal array (the paper's); random: the same number of "
                         "configurations drawn uniformly (the Random-18 ablation); single: the one harness "
                         "--harness; one-factor: the base and its one-factor-at-a-time variants (the warm start's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random draw (method random and the comparison)")
-    p.add_argument("--design", default=None,
+    g.add_argument("--seed", type=int, default=0, help="seed of the random draw (method random, and the "
+                   "random baseline printed beside the OA)")
+    g.add_argument("--design", default=None,
                    help="use this array instead of constructing one (JSON list of rows or a CSV / "
                         "whitespace table; 0-based levels in component order); verified before use")
-    p.add_argument("--n", type=int, default=None,
+    g.add_argument("--n", type=int, default=None,
                    help="method random only: how many configurations to draw (default: the OA's size)")
-    p.add_argument("--harness", default=None,
+    g.add_argument("--harness", default=None,
                    help="method single: its harness id, in the space or in --external (default: the base "
                         f"{BASE})")
-    p.add_argument("--external", default=str(HERE / "data" / "external_harnesses.json"),
+    g.add_argument("--external", default=str(HERE / "data" / "external_harnesses.json"),
                    help="method single: the out-of-space harnesses (a JSON list of harness records)")
-    p.add_argument("--eval-set", type=int, default=None, metavar="N",
+    g = p.add_argument_group("an experiment's shared In-Space evaluation set (written to --out only)")
+    g.add_argument("--eval-set", type=int, default=None, metavar="N",
                    help="write only an experiment's shared In-Space evaluation set of N harnesses to --out: a "
                         "level-shifted copy of RUN's training set (the OA), disjoint from it and from --exclude")
-    p.add_argument("--exclude", default="", metavar="FILE[,FILE...]",
+    g.add_argument("--exclude", default="", metavar="FILE[,FILE...]",
                    help="eval-set: harness files (JSONL, harness_id) whose harnesses the set leaves out: every "
                         "method's training set and the warm start's")
-    p.add_argument("--out", default=None, metavar="FILE", help="eval-set: the file to write")
+    g.add_argument("--out", default=None, metavar="FILE", help="eval-set: the file to write")
     return p.parse_args(argv)
 
 
 # ---------------------------------------------------------------------------------------
-# Helpers (repeated in each stage on purpose)
+# Helpers
 # ---------------------------------------------------------------------------------------
 class DesignError(ValueError):
     """No construction here for this level pattern (the message says what would work)."""
 
 
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def write_atomic(path, text):
-    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
-def jsonl_text(records):
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-
-
-def read_utf8(path):
-    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        fail(f"{path}, line {line}: invalid UTF-8 (byte {data[e.start]:#04x})")
-
-
-def lone_surrogate(x, field=""):
-    """The first field holding a lone UTF-16 surrogate (JSON "\\ud800": not text, cannot be written), or None."""
-    if isinstance(x, str):
-        return (field or "(top level)") if any("\ud800" <= ch <= "\udfff" for ch in x) else None
-    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
-    for k, v in items:
-        name = f"{field}.{k}".lstrip(".")
-        found = lone_surrogate(k, name + " (name)") or lone_surrogate(v, name)
-        if found:
-            return found.encode("utf-8", "replace").decode("utf-8")
-    return None
-
-
 # ---- input checking ----
 # Every file and flag is checked here, before anything is computed or written: bad input stops with one line
 # naming the file, the line and the field (exit 2), and the run folder is left as it was.
-def read_jsonl(path):
-    """[(line number, record)] of a JSONL file; stops on the first malformed line."""
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found")
-    out = []
-    for n, line in enumerate(read_utf8(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            fail(f"{path}, line {n}: malformed JSON ({e.msg})")
-        if not isinstance(rec, dict):
-            fail(f"{path}, line {n}: expected a JSON object")
-        field = lone_surrogate(rec) if "\\u" in line else None
-        if field:
-            fail(f"{path}, line {n}: field '{field}': a lone UTF-16 surrogate (e.g. \\ud800) is not text")
-        out.append((n, rec))
-    return out
-
-
 def load_run(run):
     """Stage 01's outputs, checked: (order, realisations per component, space records)."""
     cpath, spath = run / "components.json", run / "harness_space.jsonl"
-    if not cpath.is_file():
-        fail(f"{cpath}: file not found (run 01_harness_space.py --run {run} first)")
-    try:
-        comp = json.loads(read_utf8(cpath))
-    except json.JSONDecodeError as e:
-        fail(f"{cpath}, line {e.lineno}: malformed JSON ({e.msg})")
+    comp = read_json(cpath, f" (run 01_harness_space.py --run {run} first)")
     order = comp.get("order") if isinstance(comp, dict) else None
     if not isinstance(order, list) or not isinstance(comp.get("components"), dict) \
             or any(not isinstance(comp["components"].get(c), list) or not comp["components"][c] for c in order):
@@ -220,16 +144,16 @@ def load_run(run):
     for n, rec in read_jsonl(spath):
         for field in ("harness_id", "levels", "specs"):
             if field not in rec:
-                fail(f"{spath}, line {n}: field '{field}' is missing")
+                fail(f"{spath}:{n}: field '{field}' is missing")
         lv = rec["levels"]
         if not isinstance(lv, dict) or sorted(lv) != sorted(order):
-            fail(f"{spath}, line {n}: field 'levels' must have exactly the keys {order}")
+            fail(f"{spath}:{n}: field 'levels' must have exactly the keys {order}")
         for c, s in zip(order, levels):
             if not isinstance(lv[c], int) or not 0 <= lv[c] < s:
-                fail(f"{spath}, line {n}: field 'levels.{c}' must be an integer in 0..{s - 1}")
+                fail(f"{spath}:{n}: field 'levels.{c}' must be an integer in 0..{s - 1}")
         key = tuple(lv[c] for c in order)
         if key in seen:
-            fail(f"{spath}, line {n}: field 'levels' repeats an earlier configuration")
+            fail(f"{spath}:{n}: field 'levels' repeats an earlier configuration")
         seen.add(key)
         space.append(rec)
     if len(space) != math.prod(levels):
@@ -241,30 +165,28 @@ def load_run(run):
 def read_design(path, levels, names):
     """A user's array: JSON list of rows, or a CSV / whitespace table. Returns rows of 0-based levels."""
     path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found")
-    text = read_utf8(path)
+    text = read_text(path)
     entries = []                                   # (where, row)
     if text.lstrip().startswith("["):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            fail(f"{path}, line {e.lineno}: malformed JSON ({e.msg})")
-        entries = [(f"row {i + 1}", row) for i, row in enumerate(data)]
+            fail(f"{path}:{e.lineno}: malformed JSON ({e.msg})")
+        entries = [(f"{path}, row {i + 1}", row) for i, row in enumerate(data)]
     else:
         for n, line in enumerate(text.splitlines(), start=1):
             tokens = line.split("#")[0].replace(",", " ").split()
             if not tokens or (not entries and tokens == names):
                 continue
             try:
-                entries.append((f"line {n}", [int(t) for t in tokens]))
+                entries.append((f"{path}:{n}", [int(t) for t in tokens]))
             except ValueError:
-                fail(f"{path}, line {n}: expected {len(names)} integer levels, got {line.strip()!r}")
+                fail(f"{path}:{n}: expected {len(names)} integer levels, got {line.strip()!r}")
     if not entries:
         fail(f"{path}: no rows")
     for where, row in entries:
         if not isinstance(row, list) or len(row) != len(names) or not all(isinstance(v, int) for v in row):
-            fail(f"{path}, {where}: expected {len(names)} integer levels (one per component {names}), got {row!r}")
+            fail(f"{where}: expected {len(names)} integer levels (one per component {names}), got {row!r}")
     if all(v >= 1 for _, row in entries for v in row) and \
             all(v <= s for _, row in entries for v, s in zip(row, levels)):
         print(f"note: {path} has no level 0, read as 1-based levels (shifted down by one)")
@@ -273,10 +195,10 @@ def read_design(path, levels, names):
     for where, row in entries:
         for v, s, c in zip(row, levels, names):
             if not 0 <= v < s:
-                fail(f"{path}, {where}: column {c}: level {v} is out of range 0..{s - 1}")
+                fail(f"{where}: column {c}: level {v} is out of range 0..{s - 1}")
         if tuple(row) in first_seen:
-            fail(f"{path}, {where}: repeats {first_seen[tuple(row)]} (a training set holds each configuration once)")
-        first_seen[tuple(row)] = where
+            fail(f"{where}: repeats {first_seen[tuple(row)]} (a training set holds each configuration once)")
+        first_seen[tuple(row)] = where.replace(f"{path}:", "line ").replace(f"{path}, ", "")
     return [row for _, row in entries]
 
 
@@ -285,25 +207,19 @@ def read_ids(path):
     out = []
     for n, rec in read_jsonl(path):
         if not isinstance(rec.get("harness_id"), str):
-            fail(f"{path}, line {n}: field 'harness_id' is missing or not a string")
+            fail(f"{path}:{n}: field 'harness_id' is missing or not a string")
         out.append((n, rec["harness_id"]))
     return out
 
 
 def read_external(path):
     """{harness id: record} of the out-of-space harnesses (a JSON list of harness records, or one record)."""
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found")
-    try:
-        data = json.loads(read_utf8(path))
-    except json.JSONDecodeError as e:
-        fail(f"{path}, line {e.lineno}: malformed JSON ({e.msg})")
+    data = read_json(path)
     out = {}
     for i, rec in enumerate(data if isinstance(data, list) else [data], start=1):
         if not isinstance(rec, dict) or not isinstance(rec.get("harness_id"), str):
             fail(f"{path}, entry {i}: field 'harness_id' is missing or not a string")
-        field = lone_surrogate(rec)
+        field = surrogate_field(rec)
         if field:
             fail(f"{path}, entry {i}: field '{field}': a lone UTF-16 surrogate (e.g. \\ud800) is not text")
         out[rec["harness_id"]] = rec
@@ -513,71 +429,6 @@ def shared_eval_set(space, oa_ids, exclude, n):
     return sorted(best, key=lambda h: h["harness_id"])
 
 
-# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
-LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
-    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
-    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
-    the folders made for it if they stayed empty: bad input leaves nothing behind."""
-    path = Path(path).resolve()
-    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-                pid = int(holder["pid"])
-            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
-                holder, pid = {}, None
-            if pid is not None and inherited.get(str(path)) == str(pid):
-                yield  # our parent holds it
-                return
-            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
-                    time.time() - path.stat().st_mtime < 5:
-                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
-                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
-                raise SystemExit(2)
-            path.unlink(missing_ok=True)  # stale: its process is gone
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
-    before = os.environ.get(LOCK_ENV)
-    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
-    term = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
-    try:
-        yield
-    finally:
-        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, term)
-        if before is None:
-            os.environ.pop(LOCK_ENV, None)
-        else:
-            os.environ[LOCK_ENV] = before
-        path.unlink(missing_ok=True)
-        for p in made:  # deepest first
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
-
-
 # ---------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------
@@ -692,7 +543,7 @@ def write_eval_set(args, run, space):
     oa_ids = set()
     for n, hid in read_ids(oa_path):
         if hid not in in_space:
-            fail(f"{oa_path}, line {n}: field 'harness_id': {hid} is not a configuration of the space (the "
+            fail(f"{oa_path}:{n}: field 'harness_id': {hid} is not a configuration of the space (the "
                  "evaluation set shifts an in-space training set, the OA)")
         oa_ids.add(hid)
     exclude = set(oa_ids)

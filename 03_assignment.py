@@ -26,17 +26,13 @@ Commands:
     python 03_assignment.py --run runs/randassign --method random --seed 0   # the ablation
 """
 import argparse
-import contextlib
 import itertools
 import json
-import os
 import random
-import signal
-import sys
-import threading
-import time
 from collections import Counter
 from pathlib import Path
+
+from plumbing import fail, jsonl_text, locked, read_jsonl, write_atomic
 
 
 # ---------------------------------------------------------------------------------------
@@ -44,44 +40,23 @@ from pathlib import Path
 # ---------------------------------------------------------------------------------------
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Stage 03: assign each task K nearby training harnesses.")
-    p.add_argument("--run", default="runs/default", help="run folder (reads train_harnesses.jsonl, writes assignment.jsonl)")
-    p.add_argument("--tasks", default="data/train_tasks.jsonl",
+    g = p.add_argument_group("inputs and output")
+    g.add_argument("--run", default="runs/default", help="run folder (reads train_harnesses.jsonl, writes "
+                   "assignment.jsonl)")
+    g.add_argument("--tasks", default="data/train_tasks.jsonl",
                    help="training tasks, JSONL with a 'task_id' on every line (made by data/make_tasks.py)")
-    p.add_argument("--k", type=int, default=3, help="harnesses per task, the anchor included (K)")
-    p.add_argument("--method", default="locality", choices=["locality", "random"],
+    g = p.add_argument_group("the assignment")
+    g.add_argument("--k", type=int, default=3, help="harnesses per task, the anchor included (K): how many "
+                   "variations of one harness a task sees")
+    g.add_argument("--method", default="locality", choices=["locality", "random"],
                    help="locality: anchor + its K-1 Hamming-nearest (the paper's); random: K uniform (ablation)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the anchors, tie-breaks and random groups")
+    g.add_argument("--seed", type=int, default=0, help="seed of the anchors, tie-breaks and random groups")
     return p.parse_args(argv)
 
 
 # ---------------------------------------------------------------------------------------
-# Helpers (repeated in each stage on purpose)
+# Helpers
 # ---------------------------------------------------------------------------------------
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def write_atomic(path, text):
-    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
-def jsonl_text(records):
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-
-
 def hamming(levels_a, levels_b):
     """Hamming distance between two configurations (dicts component -> level); None if one has no levels."""
     if levels_a is None or levels_b is None:
@@ -98,51 +73,6 @@ def mean(values):
 # ---- input checking ----
 # Every file and flag is checked before anything is computed or written: bad input stops with one line naming
 # the file, the line and the field (exit 2), and the run folder is left as it was.
-def read_utf8(path):
-    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        fail(f"{path}, line {line}: invalid UTF-8 (byte {data[e.start]:#04x})")
-
-
-def lone_surrogate(x, field=""):
-    """The first field holding a lone UTF-16 surrogate (JSON "\\ud800": not text, cannot be written), or None."""
-    if isinstance(x, str):
-        return (field or "(top level)") if any("\ud800" <= ch <= "\udfff" for ch in x) else None
-    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
-    for k, v in items:
-        name = f"{field}.{k}".lstrip(".")
-        found = lone_surrogate(k, name + " (name)") or lone_surrogate(v, name)
-        if found:
-            return found.encode("utf-8", "replace").decode("utf-8")
-    return None
-
-
-def read_jsonl(path, hint=""):
-    """[(line number, record)] of a JSONL file; stops on the first malformed line."""
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found{hint}")
-    out = []
-    for n, line in enumerate(read_utf8(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            fail(f"{path}, line {n}: malformed JSON ({e.msg})")
-        if not isinstance(rec, dict):
-            fail(f"{path}, line {n}: expected a JSON object")
-        field = lone_surrogate(rec) if "\\u" in line else None
-        if field:
-            fail(f"{path}, line {n}: field '{field}': a lone UTF-16 surrogate (e.g. \\ud800) is not text")
-        out.append((n, rec))
-    return out
-
-
 def load_train(path, need_levels):
     """The training configurations: [(harness_id, levels or None)] in file order, checked.
     need_levels: every record must have levels (locality with K > 1 measures Hamming distances)."""
@@ -150,19 +80,19 @@ def load_train(path, need_levels):
     for n, rec in read_jsonl(path, hint=" (run 02_orthogonal_design.py first)"):
         hid, levels = rec.get("harness_id"), rec.get("levels")
         if not isinstance(hid, str) or not hid:
-            fail(f"{path}, line {n}: field 'harness_id' is missing or not a string")
+            fail(f"{path}:{n}: field 'harness_id' is missing or not a string")
         if levels is None and need_levels:  # an out-of-space harness: no levels, no Hamming distance
-            fail(f"{path}, line {n}: field 'levels' is {'null' if 'levels' in rec else 'missing'}, so the Hamming "
+            fail(f"{path}:{n}: field 'levels' is {'null' if 'levels' in rec else 'missing'}, so the Hamming "
                  f"distance to {hid!r} is undefined: --method locality needs --k 1 here (or use --method random)")
         if levels is not None:
             if not isinstance(levels, dict) or not levels or not all(isinstance(v, int) for v in levels.values()):
-                fail(f"{path}, line {n}: field 'levels' must be an object component -> integer level "
+                fail(f"{path}:{n}: field 'levels' must be an object component -> integer level "
                      "(or null for an out-of-space harness)")
             keys = keys or sorted(levels)
             if sorted(levels) != keys:
-                fail(f"{path}, line {n}: field 'levels' has components {sorted(levels)}, earlier lines {keys}")
+                fail(f"{path}:{n}: field 'levels' has components {sorted(levels)}, earlier lines {keys}")
         if hid in seen:
-            fail(f"{path}, line {n}: field 'harness_id' {hid!r} repeats line {seen[hid]}")
+            fail(f"{path}:{n}: field 'harness_id' {hid!r} repeats line {seen[hid]}")
         seen[hid] = n
         train.append((hid, levels))
     if not train:
@@ -176,9 +106,9 @@ def load_task_ids(path):
     for n, rec in read_jsonl(path, hint=" (make it with: python data/make_tasks.py)"):
         tid = rec.get("task_id")
         if not isinstance(tid, str) or not tid:
-            fail(f"{path}, line {n}: field 'task_id' is missing or not a non-empty string")
+            fail(f"{path}:{n}: field 'task_id' is missing or not a non-empty string")
         if tid in seen:
-            fail(f"{path}, line {n}: field 'task_id' {tid!r} repeats line {seen[tid]}")
+            fail(f"{path}:{n}: field 'task_id' {tid!r} repeats line {seen[tid]}")
         seen[tid] = n
         ids.append(tid)
     if not ids:
@@ -209,71 +139,6 @@ def random_group(train, k, rng):
 def mean_pairwise_distance(group):
     """Mean d_H over the unordered pairs of a group (None for a group of one or an undefined distance)."""
     return mean([hamming(a[1], b[1]) for a, b in itertools.combinations(group, 2)])
-
-
-# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
-LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
-    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
-    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
-    the folders made for it if they stayed empty: bad input leaves nothing behind."""
-    path = Path(path).resolve()
-    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-                pid = int(holder["pid"])
-            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
-                holder, pid = {}, None
-            if pid is not None and inherited.get(str(path)) == str(pid):
-                yield  # our parent holds it
-                return
-            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
-                    time.time() - path.stat().st_mtime < 5:
-                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
-                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
-                raise SystemExit(2)
-            path.unlink(missing_ok=True)  # stale: its process is gone
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
-    before = os.environ.get(LOCK_ENV)
-    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
-    term = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
-    try:
-        yield
-    finally:
-        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, term)
-        if before is None:
-            os.environ.pop(LOCK_ENV, None)
-        else:
-            os.environ[LOCK_ENV] = before
-        path.unlink(missing_ok=True)
-        for p in made:  # deepest first
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
 
 
 # ---------------------------------------------------------------------------------------

@@ -238,8 +238,8 @@ def test_cli_bad_input(run01, tmp_path, case):
     proc = run_stage("02_orthogonal_design.py", "--run", out, *args, check=False)
     assert proc.returncode == 2
     assert "error" in proc.stderr
-    expect = {"no_run": "components.json: file not found", "bad_space_line": "harness_space.jsonl, line 5",
-              "bad_design_line": "d.txt, line 3", "unknown_method": "invalid choice: 'greedy'"}[case]
+    expect = {"no_run": "components.json: file not found", "bad_space_line": "harness_space.jsonl:5",
+              "bad_design_line": "d.txt:3", "unknown_method": "invalid choice: 'greedy'"}[case]
     assert expect in proc.stderr
     assert not (out / "train_harnesses.jsonl").exists() and not (out / "heldout_harnesses.jsonl").exists()
 
@@ -362,7 +362,7 @@ def test_cli_eval_set_is_written_once_and_refused_if_it_would_change(mod, run01,
     assert proc.returncode == 2 and "the evaluation set would change" in proc.stderr
     extra.write_text('{"harness_id": "S1-T1-O1-C1-W1"}\n{"name": 1}\n')
     proc = run_stage("02_orthogonal_design.py", *args[:-3], extra, "--out", out, check=False)
-    assert proc.returncode == 2 and f"{extra}, line 2: field 'harness_id'" in proc.stderr
+    assert proc.returncode == 2 and f"{extra}:2: field 'harness_id'" in proc.stderr
     proc = run_stage("02_orthogonal_design.py", "--run", oa_run, "--eval-set", 6, check=False)
     assert proc.returncode == 2 and "--eval-set 6: needs N >= 1 and --out FILE" in proc.stderr
     assert (out.read_bytes(), out.stat().st_mtime_ns) == before

@@ -175,7 +175,7 @@ def test_out_of_space_training_harness_without_levels(base, tmp_path):
         proc = run_stage("03_assignment.py", "--run", mixed, "--tasks", tasks, "--k", k, check=False)
         err = proc.stderr.strip()
         assert proc.returncode == 2 and err.startswith("error:") and len(err.splitlines()) == 1, err
-        assert "train_harnesses.jsonl, line 3: field 'levels' is null" in err and "Hamming" in err, err
+        assert "train_harnesses.jsonl:3: field 'levels' is null" in err and "Hamming" in err, err
         assert "'X-shell'" in err and "--k 1" in err and not (mixed / "assignment.jsonl").exists()
     proc = run_stage("03_assignment.py", "--run", mixed, "--tasks", tasks, "--k", 3, "--method", "random")
     for r in read_jsonl(mixed / "assignment.jsonl"):  # a distance to X-shell is null, the others are counted
@@ -188,7 +188,7 @@ def test_out_of_space_training_harness_without_levels(base, tmp_path):
     lines[2] = json.dumps({k: v for k, v in external["X-shell"].items() if k != "levels"})
     (mixed / "train_harnesses.jsonl").write_text("\n".join(lines) + "\n")
     proc = run_stage("03_assignment.py", "--run", mixed, "--tasks", tasks, "--k", 2, check=False)
-    assert proc.returncode == 2 and "line 3: field 'levels' is missing" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "train_harnesses.jsonl:3: field 'levels' is missing" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("case", ["missing_tasks", "default_tasks_missing", "malformed_line", "no_task_id",
@@ -216,9 +216,9 @@ def test_bad_input(base, tmp_path, case):
     assert "error" in err
     expect = {"missing_tasks": "nope.jsonl: file not found",
               "default_tasks_missing": "data/train_tasks.jsonl: file not found",
-              "malformed_line": "tasks.jsonl, line 3: malformed JSON",
-              "no_task_id": "tasks.jsonl, line 2: field 'task_id'",
-              "duplicate_id": "tasks.jsonl, line 4: field 'task_id' 't0' repeats line 1",
+              "malformed_line": "tasks.jsonl:3: malformed JSON",
+              "no_task_id": "tasks.jsonl:2: field 'task_id'",
+              "duplicate_id": "tasks.jsonl:4: field 'task_id' 't0' repeats line 1",
               "k_too_large": "train_harnesses.jsonl has 18 configurations",
               "k_zero": "--k 0",
               "unknown_method": "invalid choice: 'nearest'",

@@ -92,17 +92,17 @@ def test_02_03_04_refuse_invalid_utf8_and_surrogates_in_input_files(tmp_path):
     space = run / "harness_space.jsonl"
     good = space.read_bytes()
     space.write_bytes(good + b'{"harness_id": "\xff"}\n')
-    one_error(run_stage("02_orthogonal_design.py", "--run", run, check=False), "harness_space.jsonl, line 244",
+    one_error(run_stage("02_orthogonal_design.py", "--run", run, check=False), "harness_space.jsonl:244",
               "invalid UTF-8")
     space.write_bytes(good)
     run_stage("02_orthogonal_design.py", "--run", run)
     before = tree(run)
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_bytes(b'{"task_id": "a"}\n{"task_id": "b\xc3"}\n')
-    one_error(run_stage("03_assignment.py", "--run", run, "--tasks", tasks, check=False), "tasks.jsonl, line 2",
+    one_error(run_stage("03_assignment.py", "--run", run, "--tasks", tasks, check=False), "tasks.jsonl:2",
               "invalid UTF-8")
     tasks.write_text('{"task_id": "a"}\n{"task_id": "b\\ud800"}\n')
-    one_error(run_stage("03_assignment.py", "--run", run, "--tasks", tasks, check=False), "line 2",
+    one_error(run_stage("03_assignment.py", "--run", run, "--tasks", tasks, check=False), "tasks.jsonl:2",
               "field 'task_id'", "surrogate")
     t = H.read_tasks("test_tasks.jsonl")[0]
     for text, needles in ((json.dumps(t).encode() + b"\n" + json.dumps(dict(t, task_id="z")).encode()[:-3] + b"\xff\"}\n",
