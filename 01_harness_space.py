@@ -27,16 +27,13 @@ Commands:
     python 01_harness_space.py --run runs/mine --components my_components.json
 """
 import argparse
-import contextlib
 import itertools
 import json
-import os
 import re
-import signal
-import sys
-import threading
-import time
 from pathlib import Path
+
+from plumbing import fail, jsonl_text, locked, read_json, read_text, surrogate_field, write_atomic
+from schemas import validate_component
 
 ORDER = ["S", "T", "O", "C", "W"]
 COMPONENT_NAMES = {"S": "system prompt", "T": "tool interface", "O": "observation",
@@ -137,33 +134,8 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------------------------------
-# Helpers (repeated in each stage on purpose)
+# Helpers
 # ---------------------------------------------------------------------------------------
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def write_atomic(path, text):
-    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
-def jsonl_text(records):
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-
-
 def harness_id(levels, order=ORDER):
     """{"S":0,"T":2,"O":1,"C":0,"W":1} -> "S0-T2-O1-C0-W1"."""
     return "-".join(f"{c}{levels[c]}" for c in order)
@@ -176,37 +148,11 @@ def hamming(levels_a, levels_b, order=ORDER):
 
 
 # ---- input checking ----
-# The schema of a realisation, field -> (kind, required), checked before the space is built.
-# Every realisation carries "id" and "desc" besides; 04 checks the same table on harness records. The optional
-# fields are the out-of-space extras 04 understands (data/external_harnesses.json).
-SCHEMA = {
-    "S": {"template": ("text", True), "placement": (("system", "user"), False), "task_prefix": ("text or null", False)},
-    "T": {"syntax": (("hermes_json", "xml_invoke", "python_call", "shell", "react"), True), "tools": ("tools", True),
-          "max_calls_per_turn": ("int >= 1", True), "final_answer": ("text", False)},
-    "O": {"role": (("tool", "user"), True), "template": ("text", True), "error_template": ("text", True),
-          "max_chars": ("int >= 1", True), "truncate_marker": ("text or null", True), "line_numbers": ("bool", True)},
-    "C": {"mode": (("full", "window", "elide"), True), "k": ("int >= 0 or null", True),
-          "elided_text": ("text or null", True)},
-    "W": {"rules": ("text or null", True), "plan_first": ("bool", True), "plan_prefix": ("text or null", True),
-          "budget_reminder": ("text or null", True), "verify_before_submit": ("bool", True),
-          "verify_marker": ("text or null", True), "reply_marker": ("text or null", False)},
-}
-KINDS = {  # kind -> (check, what the message says)
-    "text": (lambda v: isinstance(v, str), "a string"),
-    "text or null": (lambda v: v is None or isinstance(v, str), "a string or null"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "int >= 1": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
-    "int >= 0 or null": (lambda v: v is None or (type(v) is int and v >= 0), "an integer >= 0 or null"),
-    "tools": (lambda v: isinstance(v, dict), "an object canonical tool -> {name, args}"),
-}
-REQUIRED_FIELDS = {c: [f for f, (_, required) in fields.items() if required] for c, fields in SCHEMA.items()}
-CANONICAL_TOOLS = {"list_files": [], "read_file": ["path"], "search": ["query"],
-                   "write_file": ["path", "content"], "calculator": ["expression"],
-                   "submit": ["answer"]}
-
-
+# A realisation is one component of a harness record: schemas.HARNESS holds its fields (04 checks the same table on
+# the records it reads). A realisation here must also be complete: every field but the out-of-space extras, as the
+# base spells them out. Besides, it has "id" (S0, S1, ... in list order) and a one-line "desc".
 def validate_components(components, source):
-    """Check the realisation specs; stop with a message naming the component and field."""
+    """Check the realisation specs; stop with a message naming the component and realisation."""
     for c in ORDER:
         specs = components.get(c)
         if not isinstance(specs, list) or len(specs) < 1:
@@ -216,82 +162,31 @@ def validate_components(components, source):
             where = f"{source}: component '{c}', realisation {i}"
             if not isinstance(spec, dict):
                 fail(f"{where}: must be a JSON object")
-            for field in ["id", "desc"] + REQUIRED_FIELDS[c]:
+            for field in ("id", "desc"):
                 if field not in spec:
                     fail(f"{where}: field '{field}' is missing")
             if spec["id"] != f"{c}{i}":
                 fail(f"{where}: field 'id' is {spec['id']!r}, expected '{c}{i}' (ids follow list order)")
             if not isinstance(spec["desc"], str) or not spec["desc"] or "\n" in spec["desc"]:
                 fail(f"{where}: field 'desc' must be a one-line description")
-            for field, (kind, _) in SCHEMA[c].items():
-                want = check_field(spec[field], kind) if field in spec else None
-                if want:
-                    fail(f"{where}: field '{field}': {json.dumps(spec[field])[:40]} is not {want}")
+            validate_component(c, spec, where, complete=True)
             extra = set(spec) - base_fields
             if extra:
                 fail(f"{where}: field '{sorted(extra)[0]}' is not in the base realisation {c}0 "
                      f"(all realisations of a component share the base's fields)")
-            if c == "T":
-                tools = spec["tools"]
-                for tool, args in CANONICAL_TOOLS.items():
-                    entry = tools.get(tool) if isinstance(tools, dict) else None
-                    if not isinstance(entry, dict) or "name" not in entry or "args" not in entry:
-                        fail(f"{where}: field 'tools' needs an entry {{'name', 'args'}} for '{tool}'")
-                    shown = entry["args"]
-                    if not isinstance(shown, dict) or sorted(shown) != sorted(args) or not all(
-                            isinstance(a, str) and a.strip() for a in shown.values()) or not (
-                            isinstance(entry["name"], str) and entry["name"].strip()):
-                        fail(f"{where}: field 'tools.{tool}': 'name' must be a non-empty string and 'args' an "
-                             f"object mapping exactly {args} to non-empty names")
     extra = set(components) - set(ORDER)
     if extra:
         fail(f"{source}: unknown component '{sorted(extra)[0]}' (components are {ORDER})")
 
 
-def check_field(value, kind):
-    """None if value is of this kind (SCHEMA), else what it should be."""
-    if isinstance(kind, tuple):
-        return None if isinstance(value, str) and value in kind else f"one of {list(kind)}"
-    ok, want = KINDS[kind]
-    return None if ok(value) else want
-
-
-def lone_surrogate(x, field=""):
-    """The first field holding a lone UTF-16 surrogate (JSON "\\ud800": not text, cannot be written), or None."""
-    if isinstance(x, str):
-        try:
-            x.encode("utf-8")
-        except UnicodeEncodeError:
-            return field or "(top level)"
-        return None
-    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
-    for k, v in items:
-        name = f"{field}.{k}".lstrip(".")
-        found = lone_surrogate(k, name + " (name)") or lone_surrogate(v, name)
-        if found:
-            return found.encode("utf-8", "replace").decode("utf-8")
-    return None
-
-
 def load_components(path):
     """Read a components.json-style file given with --components."""
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        fail(f"{path}, line {line}: invalid UTF-8 (byte {data[e.start]:#04x})")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        fail(f"{path}, line {e.lineno}: invalid JSON ({e.msg})")
-    field = lone_surrogate(data)
-    if field:
-        line = next((n for n, ln in enumerate(text.splitlines(), 1) if re.search(r"\\u[dD][89a-fA-F]", ln)), "?")
-        fail(f"{path}, line {line}: field '{field}': a lone UTF-16 surrogate (e.g. \\ud800) is not text")
+    data = read_json(path)
+    field = surrogate_field(data)
+    if field:  # the line of the first \ud800-style escape
+        line = next((n for n, ln in enumerate(read_text(path).splitlines(), 1) if re.search(r"\\u[dD][89a-fA-F]", ln)),
+                    "?")
+        fail(f"{path}:{line}: field '{field}': a lone UTF-16 surrogate (e.g. \\ud800) is not text")
     if not isinstance(data, dict) or not isinstance(data.get("components"), dict):
         fail(f"{path}: field 'components' (an object component -> list of realisations) is missing")
     if data.get("order", ORDER) != ORDER:
@@ -317,71 +212,6 @@ def print_table(components):
         print(f"{c}  {COMPONENT_NAMES[c]} ({len(components[c])} realisations)")
         for spec in components[c]:
             print(f"    {spec['id']:<4} {spec['desc']}")
-
-
-# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
-LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
-    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
-    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
-    the folders made for it if they stayed empty: bad input leaves nothing behind."""
-    path = Path(path).resolve()
-    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-                pid = int(holder["pid"])
-            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
-                holder, pid = {}, None
-            if pid is not None and inherited.get(str(path)) == str(pid):
-                yield  # our parent holds it
-                return
-            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
-                    time.time() - path.stat().st_mtime < 5:
-                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
-                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
-                raise SystemExit(2)
-            path.unlink(missing_ok=True)  # stale: its process is gone
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
-    before = os.environ.get(LOCK_ENV)
-    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
-    term = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
-    try:
-        yield
-    finally:
-        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, term)
-        if before is None:
-            os.environ.pop(LOCK_ENV, None)
-        else:
-            os.environ[LOCK_ENV] = before
-        path.unlink(missing_ok=True)
-        for p in made:  # deepest first
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
 
 
 # ---------------------------------------------------------------------------------------

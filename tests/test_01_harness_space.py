@@ -149,7 +149,7 @@ def test_bad_components_file(run01, tmp_path, case):
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert err.startswith("error:") and str(path) in err and len(err.splitlines()) == 1
-    expect = {"missing": "not found", "bad_json": "line 2", "missing_field": "'max_chars'", "bad_id": "'id'"}[case]
+    expect = {"missing": "not found", "bad_json": "mine.json:2", "missing_field": "'max_chars'", "bad_id": "'id'"}[case]
     assert expect in err
     if case == "missing_field":
         assert "component 'O', realisation 2" in err

@@ -78,10 +78,10 @@ def test_01_refuses_a_lone_surrogate_and_invalid_utf8(components, tmp_path):
     data["components"]["S"][1]["template"] += "\ud800"
     (tmp_path / "s.json").write_text(json.dumps(data, indent=1))  # ASCII JSON: the escape \ud800
     proc = run_stage("01_harness_space.py", "--run", tmp_path / "o", "--components", tmp_path / "s.json", check=False)
-    one_error(proc, "s.json, line ", "field 'components.S.1.template'", "surrogate")
+    one_error(proc, "s.json:", "field 'components.S.1.template'", "surrogate")
     (tmp_path / "u.json").write_bytes(json.dumps(components, indent=1).encode().replace(b"terse", b"te\xffrse"))
     proc = run_stage("01_harness_space.py", "--run", tmp_path / "o", "--components", tmp_path / "u.json", check=False)
-    one_error(proc, "u.json, line 18", "invalid UTF-8")
+    one_error(proc, "u.json:18", "invalid UTF-8")
     assert not (tmp_path / "o").exists()
 
 

@@ -1,0 +1,233 @@
+"""The records the stages exchange, one table each, and one checker.
+
+A table maps field -> (check, description, required): check(value) is True for a good value, the description ends
+the error message, a required field must be there and an optional one is checked when it is. check_record stops at
+the first bad field, through plumbing.fail (exit 2), with the place first, the way compilers name it:
+
+    WHERE: field 'x' is missing
+    WHERE: field 'x' is "300", not an integer >= 1
+
+    HARNESS[c]   one component c of a harness record: 01 writes the realisations, 04 interprets them
+    TASK         a task: workspace files, request, checker, optional solution (data/*_tasks.jsonl; 03, 04 read it)
+    ASSIGNMENT   a line of RUN/assignment.jsonl: a task's harness group H_x (03 writes it, 04 reads it)
+    ROLLOUT      an episode record, as 04 writes it (05 trains on it, 06 evaluates it)
+
+The readers at the end (load_tasks, load_harness_file, load_assignment) add the rules that span records: ids unique,
+ids that name a task or a harness of the run. Every message names the file and line (`path:line:`).
+"""
+import json
+import math
+
+from plumbing import fail, read_jsonl, read_text, surrogate_field
+
+COMPONENTS = ["S", "T", "O", "C", "W"]
+SYNTAXES = ["hermes_json", "xml_invoke", "python_call", "shell", "react"]
+CANONICAL_TOOLS = {"list_files": [], "read_file": ["path"], "search": ["query"], "write_file": ["path", "content"],
+                   "calculator": ["expression"], "submit": ["answer"]}  # tool -> its arguments, in order
+
+
+def clip(s, n=200):
+    s = str(s)
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def check_record(rec, table, where, prefix=""):
+    """Stop at the first field of `rec` that `table` refuses; `prefix` goes before the field's name (specs.O.)."""
+    for field, (ok, description, required) in table.items():
+        if field not in rec:
+            if required:
+                fail(f"{where}: field '{prefix}{field}' is missing")
+        elif not ok(rec[field]):
+            fail(f"{where}: field '{prefix}{field}' is {clip(json.dumps(rec[field]), 40)}, not {description}")
+    return rec
+
+
+# ----------------------------------------------------------------------------- kinds of value: (check, description)
+TEXT = (lambda v: isinstance(v, str), "a string")
+TEXT_OR_NULL = (lambda v: v is None or isinstance(v, str), "a string or null")
+BOOL = (lambda v: isinstance(v, bool), "true or false")  # not 0 / 1 / "yes"
+COUNT = (lambda v: type(v) is int and v >= 0, "an integer >= 0")  # type(v) is int: true is not a number here
+POSITIVE = (lambda v: type(v) is int and v >= 1, "an integer >= 1")
+COUNT_OR_NULL = (lambda v: v is None or type(v) is int and v >= 0, "an integer >= 0 or null")
+
+
+def one_of(*names):
+    return lambda v: isinstance(v, str) and v in names, f"one of {list(names)}"
+
+
+def list_of(kind, description):
+    return lambda v: isinstance(v, list) and all(kind[0](x) for x in v), description
+
+
+# ----------------------------------------------------------------------------- harness records
+# required: the interpreter (04) has no default for it. An optional field falls back to the base's behaviour (e.g.
+# T.max_calls_per_turn: 1, O.max_chars: 2000). 01 asks more of a realisation: it spells out every field but the
+# out-of-space extras (OUT_OF_SPACE), as the base does, so that a components file reads complete.
+HARNESS = {
+    "S": {"template": (*TEXT, True), "placement": (*one_of("system", "user"), False),
+          "task_prefix": (*TEXT_OR_NULL, False)},
+    "T": {"syntax": (*one_of(*SYNTAXES), True),
+          "tools": (lambda v: isinstance(v, dict), "an object canonical tool -> {name, args}", True),
+          "max_calls_per_turn": (*POSITIVE, False), "final_answer": (*TEXT, False)},
+    "O": {"role": (*one_of("tool", "user"), True), "template": (*TEXT, True), "error_template": (*TEXT, True),
+          "max_chars": (*POSITIVE, False), "truncate_marker": (*TEXT_OR_NULL, False), "line_numbers": (*BOOL, False)},
+    "C": {"mode": (*one_of("full", "window", "elide"), True), "k": (*COUNT_OR_NULL, False),
+          "elided_text": (*TEXT_OR_NULL, False)},
+    "W": {"rules": (*TEXT_OR_NULL, False), "plan_first": (*BOOL, False), "plan_prefix": (*TEXT_OR_NULL, False),
+          "reply_marker": (*TEXT_OR_NULL, False), "budget_reminder": (*TEXT_OR_NULL, False),
+          "verify_before_submit": (*BOOL, False), "verify_marker": (*TEXT_OR_NULL, False)},
+}
+OUT_OF_SPACE = {"S": {"placement", "task_prefix"}, "T": {"final_answer"}, "W": {"reply_marker"}}  # extras (X-shell...)
+
+
+def validate_tools(tools, where, field, every=False):
+    """T.tools: each entry a canonical tool shown under a non-empty name with exactly its arguments, each shown under
+    a non-empty name; submit always there (every: all six canonical tools, as 01's realisations have them)."""
+    for tool, entry in tools.items():
+        args = entry.get("args") if isinstance(entry, dict) else None
+        if not (tool in CANONICAL_TOOLS and isinstance(args, dict) and set(args) == set(CANONICAL_TOOLS[tool])
+                and all(isinstance(a, str) and a.strip() for a in args.values())
+                and isinstance(entry.get("name"), str) and entry["name"].strip()):
+            fail(f"{where}: field '{field}.{clip(tool, 40)}': needs a canonical tool, a non-empty name and 'args' "
+                 f"mapping exactly {CANONICAL_TOOLS.get(tool, 'its args')} to non-empty names")
+    for tool in CANONICAL_TOOLS if every else ["submit"]:
+        if tool not in tools:
+            fail(f"{where}: field '{field}': needs an entry for the {tool} tool")
+
+
+def validate_component(c, spec, where, prefix="", complete=False):
+    """One component's spec against HARNESS[c]; complete: every field but the out-of-space extras required (01)."""
+    table = {f: (ok, d, req or complete and f not in OUT_OF_SPACE.get(c, ())) for f, (ok, d, req) in HARNESS[c].items()}
+    check_record(spec, table, where, prefix)
+    if c == "T":
+        validate_tools(spec["tools"], where, prefix + "tools", every=complete)
+    return spec
+
+
+def validate_harness(h, where):
+    """A harness record (harness_space.jsonl, the sets 02 writes, --harness-file): an id and specs S, T, O, C, W."""
+    if not isinstance(h, dict) or not isinstance(h.get("harness_id"), str) or not h["harness_id"]:
+        fail(f"{where}: field 'harness_id' missing")
+    field = surrogate_field(h)
+    if field:
+        fail(f"{where}: field '{clip(field, 60)}': a lone UTF-16 surrogate (e.g. \\ud800) is not text")
+    specs = h.get("specs")
+    if not isinstance(specs, dict) or any(not isinstance(specs.get(c), dict) for c in COMPONENTS):
+        fail(f"{where}: field 'specs' must hold objects S, T, O, C, W")
+    for c in COMPONENTS:
+        validate_component(c, specs[c], where, prefix=f"specs.{c}.")
+    return h
+
+
+# ----------------------------------------------------------------------------- tasks and the assignment
+CHECKER_ARGS = {"answer_equals": ["value"], "file_equals": ["path", "value"], "file_contains": ["path", "value"],
+                "all": ["checks"]}
+
+
+def valid_checker(c):
+    need = CHECKER_ARGS.get(c.get("type")) if isinstance(c, dict) and isinstance(c.get("type"), str) else None
+    if need is None or any(k not in c for k in need):
+        return False
+    return c["type"] != "all" or isinstance(c["checks"], list) and c["checks"] and all(map(valid_checker, c["checks"]))
+
+
+def valid_step(s):
+    return isinstance(s, dict) and s.get("tool") in CANONICAL_TOOLS and isinstance(s.get("args", {}), dict) \
+        and set(s.get("args", {})) == set(CANONICAL_TOOLS[s["tool"]])
+
+
+TASK = {
+    "task_id": (*TEXT, True), "request": (*TEXT, True),
+    "files": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+              "an object path -> text", True),
+    "checker": (valid_checker, "a checker: type answer_equals (value), file_equals / file_contains (path, value) or "
+                "all (checks: a non-empty list of checkers)", True),
+    "solution": (lambda v: not v or isinstance(v, list) and all(map(valid_step, v)),
+                 "a list of steps {tool: a canonical tool, args: exactly its arguments} (the oracle's)", False),
+    "family": (*TEXT, False),
+}
+ASSIGNMENT = {
+    "task_id": (*TEXT, True),
+    "harness_ids": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(x, str) for x in v),
+                    "a non-empty list of harness ids", True),
+}
+
+
+# ----------------------------------------------------------------------------- rollout (episode) records
+def finite(v):
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+TURN_NUMBERS = list_of(POSITIVE, "a list of 1-based turn numbers")
+ROLLOUT = {  # what 04 writes per episode; docs/stages.md explains each field
+    "episode_id": (*TEXT, True),
+    "iteration": (*COUNT_OR_NULL, True),  # null in eval mode
+    "visit": (*COUNT_OR_NULL, True),  # train: the task's visit i (it ran H_x[i mod K]); eval: null
+    "group_id": (*TEXT, True),  # "task|harness|itNNN" or "task|harness|eval": GRPO's group
+    "sample_index": (*COUNT, True),
+    "task_id": (*TEXT, True), "family": (*TEXT, True), "harness_id": (*TEXT, True),
+    "policy": (*TEXT, True),  # a checkpoint folder or "oracle"
+    "temperature": (lambda v: finite(v) and v >= 0, "a finite number >= 0 (0 = greedy)", True),
+    "reward": (lambda v: finite(v) and 0 <= v <= 1, "a number in [0, 1]", True),
+    "success": (*BOOL, True),  # reward == 1
+    "checks": (*list_of((lambda v: type(v) is int and v in (0, 1), ""), "a list of 0 / 1 (each check)"), True),
+    "finish_reason": (*one_of("submitted", "turn_budget", "context_limit"), True),
+    "turns": (*COUNT, True), "parse_errors": (*COUNT, True), "tool_errors": (*COUNT, True),
+    "workflow_violations": (*COUNT, True), "workflow_checks": (*COUNT, True),
+    "error_turns": (*TURN_NUMBERS, True), "valid_call_turns": (*TURN_NUMBERS, True),
+    "submitted_answer": (*TEXT_OR_NULL, True),
+    "rerendered_turns": (*COUNT, True),
+    "transcript": (lambda v: isinstance(v, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                         and isinstance(m.get("content"), str) for m in v),
+                   "a list of messages {role, content}", True),
+    "model_turns": (lambda v: isinstance(v, list) and all(isinstance(t, dict) for t in v),
+                    "a list of {prompt_ids, completion_ids, logprobs}", True),  # empty: the oracle without tokenizer
+    "sampler": (lambda v: v is None or isinstance(v, dict), "an object {backend, dtype, ...} or null", True),
+    "framework": (*TEXT, False),  # only the smolagents harness's episodes
+}
+
+
+# ----------------------------------------------------------------------------- readers: rules that span records
+def load_tasks(path):
+    """The tasks of a JSONL file, each checked against TASK; ids unique; family defaults to "custom"."""
+    tasks, seen = [], set()
+    for n, t in read_jsonl(path, " (tasks file)"):
+        check_record(t, TASK, f"{path}:{n}")
+        if t["task_id"] in seen:
+            fail(f"{path}:{n}: field 'task_id': duplicate id {clip(t['task_id'], 60)!r}")
+        seen.add(t["task_id"])
+        t.setdefault("family", "custom")
+        tasks.append(t)
+    if not tasks:
+        fail(f"{path}: no tasks")
+    return tasks
+
+
+def load_harness_file(path):
+    """Harness records from a JSON object, a JSON list of objects, or JSONL; every record validated."""
+    text = read_text(path, " (harness file)")
+    try:
+        data = json.loads(text)
+        rows = [(f"{path}[{i}]", h) for i, h in enumerate(data)] if isinstance(data, list) else [(str(path), data)]
+    except json.JSONDecodeError:
+        rows = [(f"{path}:{n}", h) for n, h in read_jsonl(path)]
+    return [validate_harness(h, where) for where, h in rows]
+
+
+def load_assignment(path, task_ids, harness_ids, tasks_path):
+    """RUN/assignment.jsonl -> {task_id: [harness ids]}: one line per task of `task_ids`, harnesses of the run."""
+    assignment = {}
+    for n, row in read_jsonl(path, " (run stage 03 first)"):
+        where = f"{path}:{n}"
+        check_record(row, ASSIGNMENT, where)
+        if row["task_id"] not in task_ids:
+            fail(f"{where}: field 'task_id': {clip(row['task_id'], 60)!r} is not a task of {tasks_path}")
+        if row["task_id"] in assignment:
+            fail(f"{where}: field 'task_id': {clip(row['task_id'], 60)!r} is assigned twice (one line per task)")
+        unknown = [hid for hid in row["harness_ids"] if hid not in harness_ids]
+        if unknown:
+            fail(f"{where}: field 'harness_ids': unknown harness id {clip(unknown[0], 60)!r}")
+        assignment[row["task_id"]] = row["harness_ids"]
+    if not assignment:
+        fail(f"{path}: no episodes to run (empty assignment)")
+    return assignment
