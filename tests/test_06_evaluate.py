@@ -1,11 +1,18 @@
 """Stage 06: scoring maths against hand computations, and the CLI on synthetic rollout files."""
 import json
 import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import load_stage, run_stage
+from conftest import ROOT, load_stage, run_stage
 
 ev = load_stage("06_evaluate.py")
 BASE = "S0-T0-O0-C0-W0"
@@ -327,3 +334,80 @@ def test_default_label_of_an_iteration_checkpoint(tmp_path):
     assert list(json.loads((run / "eval_summary.json").read_text())) == ["iter_005"]
 
 
+
+
+# ----------------------------------------------------------------------------- stopping the pipeline stops 04
+STAND_IN_04 = """
+import os, signal, subprocess, sys, time
+from pathlib import Path
+out = Path(sys.argv[sys.argv.index("--out") + 1]).parent
+# the engine: a child of 04, as vLLM's engine process is; 04 shuts it down when it is stopped (SIGTERM / SIGINT)
+engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(out / "engine")])
+def stop(sig, frame):
+    engine.terminate()
+    engine.wait()
+    sys.exit(128 + sig)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+(Path(sys.argv[sys.argv.index("--run") + 1]).parent / "pids").write_text(f"{os.getpid()} {engine.pid}")
+time.sleep(120)
+"""
+
+PIPELINE_LIKE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import pipeline
+sys.exit(pipeline.run_stage(sys.argv[2:]))
+"""
+
+
+def alive(pid):
+    """A process that exists and is not a zombie (an orphan's zombie may wait for a reaper that never comes)."""
+    try:
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def test_a_sigterm_to_the_pipeline_stops_06_and_the_04_it_runs(tmp_path):
+    """pipeline -> 06 -> 04 -> engine: SIGTERM to the pipeline alone reaches 04 through 06 (run_child), which stops
+    its engine; nothing is left running. 06 here is a copy beside a stand-in 04 that keeps an engine child running
+    until it is told to stop (with subprocess.run, 06 would SIGKILL 04 on its way out and orphan the engine)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    for name in ("06_evaluate.py", "plumbing.py", "intervals.py"):
+        shutil.copy(ROOT / name, code / name)
+    (code / "data").symlink_to(ROOT / "data")
+    (code / "04_rollout.py").write_text(STAND_IN_04)
+    (tmp_path / "driver.py").write_text(PIPELINE_LIKE)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_harnesses.jsonl").write_text(json.dumps({"harness_id": SPACE_IDS[0]}) + "\n")
+    (run / "heldout_harnesses.jsonl").write_text("".join(json.dumps({"harness_id": h}) + "\n" for h in SPACE_IDS[1:]))
+    (tmp_path / "tasks.jsonl").write_text('{"task_id": "t0"}\n')
+    proc = subprocess.Popen([sys.executable, tmp_path / "driver.py", ROOT, sys.executable, code / "06_evaluate.py",
+                             "--run", run, "--policy", "oracle", "--label", "x", "--tasks", tmp_path / "tasks.jsonl",
+                             "--no-smolagents"], stderr=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        for _ in range(600):
+            if (tmp_path / "pids").is_file() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "pids").is_file(), f"04 never started: {proc.stderr.read() if proc.poll() else ''}"
+        pids = [int(p) for p in (tmp_path / "pids").read_text().split()]  # 04 and its engine
+        proc.send_signal(signal.SIGTERM)  # to the pipeline alone (as `kill PID` does), not to its process group
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        deadline = time.time() + 20
+        while any(alive(p) for p in pids) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if alive(p)], "04 or its engine is left running as an orphan"
+        assert "stopped by SIGTERM" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=20)
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
