@@ -1,4 +1,4 @@
-"""Coverage of 06's pass@1 interval (pass1_ci) by simulation, against the percentile bootstrap it replaced.
+"""Coverage of the pass@1 interval of 06 and compare.py (intervals.pass1_ci) by simulation, against the percentile bootstrap it replaced.
 
     python bench/ci_coverage.py                      # 2000 replicates per cell, ~3 min on 2 cores
     python bench/ci_coverage.py --reps 500 --out results/ci_coverage.md
@@ -18,11 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import load_stage  # noqa: E402
-
-ev = load_stage("06_evaluate.py")
-cmp = load_stage("compare.py")  # the percentile bootstrap lives there now (the paired differences use it)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, where intervals.py is
+from intervals import bootstrap_ci, clopper_pearson, pass1_ci  # noqa: E402
 
 
 def simulate(n, m, p, icc, reps, rng):
@@ -38,8 +35,8 @@ def simulate(n, m, p, icc, reps, rng):
 def old_interval(v, n_boot, seed):
     """The interval before: percentile bootstrap, Clopper-Pearson only at all-0 / all-1."""
     if np.all(v == 0) or np.all(v == 1):
-        return ev.clopper_pearson(int(v.sum()), len(v))
-    return cmp.bootstrap_ci(v, n_boot, seed)
+        return clopper_pearson(int(v.sum()), len(v))
+    return bootstrap_ci(v, n_boot, seed)
 
 
 def main():
@@ -55,7 +52,7 @@ def main():
         for m, icc in ((1, 0.0), (4, 0.3), (6, 0.3), (6, 0.0)):
             for p in (0.02, 0.05, 0.10, 0.20):
                 values = simulate(n, m, p, icc, args.reps, rng)
-                new = np.array([ev.pass1_ci(v, 0, 0)[0] for v in values])  # [reps, 2]
+                new = np.array([pass1_ci(v, 0, 0)[0] for v in values])  # [reps, 2]
                 old = np.array([old_interval(v, 500, i) for i, v in enumerate(values)])
                 cov = lambda iv: float(np.mean((iv[:, 0] <= p) & (p <= iv[:, 1])))
                 width = lambda iv: float(np.mean(iv[:, 1] - iv[:, 0]))

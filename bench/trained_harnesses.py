@@ -11,17 +11,13 @@ each later checkpoint, the (task, harness) pairs it solves that the first does n
 two-sided sign test on them."""
 import argparse
 import json
-import math
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def sign_test(better, worse):
-    n, k = better + worse, min(better, worse)
-    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+sys.path.insert(0, str(ROOT))  # the repository root, where intervals.py and plumbing.py are
+from intervals import sign_test  # noqa: E402
+from plumbing import run_child  # noqa: E402
 
 
 def main(argv=None):
@@ -48,7 +44,8 @@ def main(argv=None):
                    "--harnesses", "train", "--tasks", str(tasks), "--out", str(out), "--backend", args.backend,
                    "--temperature", "0", "--max-turns", str(args.max_turns), "--max-new-tokens",
                    str(args.max_new_tokens), "--max-model-len", str(args.max_model_len), "--seed", "0"]
-            subprocess.run(cmd, cwd=ROOT, check=True)
+            if run_child(cmd, cwd=ROOT) != 0:  # a Ctrl-C reaches 04 and its engine, and is waited for
+                raise SystemExit(f"04 failed: {' '.join(cmd)}")
         result[ck] = {(r["task_id"], r["harness_id"]): bool(r["success"])
                       for r in map(json.loads, out.read_text().splitlines())}
     first = next(iter(result))

@@ -8,15 +8,17 @@ with signal (not every sample the same reward), the optimizer steps, and the lar
 share over its steps (how far each update moved the policy from the one that sampled). Nothing here reads a test task.
 """
 import argparse
-import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, where plumbing.py is
+from plumbing import read_json, read_jsonl  # noqa: E402
 
 
 def iteration_rows(run):
     rows = []
     for log in sorted(Path(run).glob("iter_*/train_log.jsonl")):
-        steps = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-        steps = [s for s in steps if "reward_mean" in s]
+        steps = [s for _, s in read_jsonl(log) if "reward_mean" in s]
         if not steps:
             continue
         rows.append({"iteration": int(log.parent.name.split("_")[1]), "reward_mean": steps[0]["reward_mean"],
@@ -35,7 +37,7 @@ def main(argv=None):
     lines = ["| run | lr | iteration | train reward | groups with signal | steps | max approx_kl | max clip share |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for run in args.runs:
-        cfg = next((json.loads(f.read_text()) for f in (Path(run) / "pipeline_config.json",
+        cfg = next((read_json(f) for f in (Path(run) / "pipeline_config.json",
                                                          Path(run).parent / "experiment_config.json") if f.is_file()),
                    {})
         for r in iteration_rows(run):
