@@ -32,26 +32,21 @@ import contextlib
 import json
 import math
 import operator
-import os
 import random
 import re
-import signal
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 from tqdm import tqdm
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # generation.py, beside this file: the hf and vllm backends (token ids in and out)
-from generation import (BackendError, HFBackend, VLLMBackend, encode, extend_prompt, load_tokenizer,  # noqa: E402
-                        max_positions)
-COMPONENTS = ["S", "T", "O", "C", "W"]
-SYNTAXES = ["hermes_json", "xml_invoke", "python_call", "shell", "react"]
-CANONICAL = {"list_files": [], "read_file": ["path"], "search": ["query"], "write_file": ["path", "content"],
-             "calculator": ["expression"], "submit": ["answer"]}
+from generation import BackendError, HFBackend, VLLMBackend, encode, extend_prompt, load_tokenizer, max_positions
+from plumbing import fail, jsonl_text, locked, read_jsonl, safe_text, seed_everything, write_atomic
+from schemas import (CANONICAL_TOOLS as CANONICAL, COMPONENTS, SYNTAXES, load_assignment, load_harness_file,  # noqa: F401
+                     load_tasks, validate_harness)
+
+HERE = Path(__file__).resolve().parent  # data/ beside this file: the default tasks, the external harnesses
 TOOL_HELP = {"list_files": "list all files", "read_file": "show a file", "search": "show lines that contain it",
              "write_file": "replace a file's text", "calculator": "do arithmetic", "submit": "give the final answer"}
 MAX_REPLY, MAX_ARG, MAX_FILE, MAX_FILES, MAX_PATH, MAX_ERR = 8000, 2000, 4000, 64, 64, 200
@@ -60,68 +55,49 @@ MAX_SHOWN = 2  # parser messages shown per reply; the rest are counted in one li
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Run (task, harness) episodes with a policy; write rollouts.jsonl.")
-    p.add_argument("--run", default="runs/default", help="run folder")
-    p.add_argument("--iteration", type=int, default=None, help="train mode: RL iteration t")
-    p.add_argument("--eval", action="store_true", help="eval mode (needs --harnesses and --out)")
-    p.add_argument("--policy", default=None, help="checkpoint folder or 'oracle' (train default: contract rule)")
-    p.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend for a checkpoint")
-    p.add_argument("--tokenizer", default=None, help="oracle: record token ids with this tokenizer")
-    p.add_argument("--tasks", default=None,
-                   help="tasks JSONL (default: data/train_tasks.jsonl in train mode, data/test_tasks.jsonl in eval)")
-    p.add_argument("--group-size", type=int, default=4, help="train: samples per (task, harness) = GRPO group")
-    p.add_argument("--tasks-per-iteration", type=int, default=32, help="train: tasks per iteration B (0 = all)")
-    p.add_argument("--harnesses", default=None,
-                   help="eval: base|train|heldout|heldout:N|all|external|smolagents|id,id,... (ids and external)")
-    p.add_argument("--harness-file", action="append", default=[], help="extra harness JSON/JSONL (repeatable)")
-    p.add_argument("--samples", type=int, default=1, help="eval: samples per (task, harness)")
-    p.add_argument("--out", default=None, help="eval: output rollouts JSONL")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
-    p.add_argument("--max-turns", type=int, default=6, help="model replies per episode (turn budget)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
-    p.add_argument("--seed", type=int, default=0, help="random seed (sampling; heldout:N draw)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="sampling dtype (auto: bf16 on a GPU with bf16, fp16 on T4/V100; CPU: hf fp32, vllm bf16)")
-    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
-                   help="vllm: no compilation / CUDA graphs (default: on for CPU, where start-up is 20 s, not 2 min)")
-    p.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default: the model's)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it may use")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="vllm: GPUs that one engine splits the model over (a model larger than one GPU)")
-    p.add_argument("--shard", default=None, metavar="I/N",
-                   help="run only part I of N (0-based) of the episodes, written to <out>.shard-I-of-N.jsonl; the N "
-                   "parts concatenated in order I = 0..N-1 are the records one process writes (pipeline --gpus N)")
-    p.add_argument("--order-seed", type=int, default=0,
-                   help="train: seed of the task order (keep it fixed over iterations so batches cycle)")
-    return p.parse_args(argv)
+    what = p.add_argument_group("what to run (one of --iteration t or --eval)")
+    train = p.add_argument_group("train mode: the tasks of iteration t, each under H_x[visit mod K]")
+    evaluation = p.add_argument_group("eval mode: every task x harness x sample")
+    sampling = p.add_argument_group("episodes and sampling")
+    engine = p.add_argument_group("generation backend (a checkpoint policy)")
+    what.add_argument("--run", default="runs/default", help="run folder")
+    what.add_argument("--iteration", type=int, default=None, help="train mode: RL iteration t")
+    what.add_argument("--eval", action="store_true", help="eval mode (needs --harnesses and --out)")
+    what.add_argument("--policy", default=None, help="checkpoint folder or 'oracle' (train default: contract rule)")
+    engine.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend for a checkpoint")
+    engine.add_argument("--tokenizer", default=None, help="oracle: record token ids with this tokenizer (SFT demos)")
+    what.add_argument("--tasks", default=None,
+                      help="tasks JSONL (default: data/train_tasks.jsonl in train mode, data/test_tasks.jsonl in eval)")
+    train.add_argument("--group-size", type=int, default=4, help="samples per (task, harness) = GRPO group")
+    train.add_argument("--tasks-per-iteration", type=int, default=32, help="tasks per iteration B (0 = all)")
+    evaluation.add_argument("--harnesses", default=None,
+                            help="base|train|heldout|heldout:N|all|external|smolagents|id,id,... (ids and external)")
+    evaluation.add_argument("--harness-file", action="append", default=[],
+                            help="extra harness JSON/JSONL (repeatable): your own out-of-space harnesses")
+    evaluation.add_argument("--samples", type=int, default=1, help="samples per (task, harness)")
+    evaluation.add_argument("--out", default=None, help="output rollouts JSONL")
+    sampling.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    sampling.add_argument("--max-turns", type=int, default=6, help="model replies per episode (turn budget)")
+    sampling.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
+    sampling.add_argument("--seed", type=int, default=0, help="random seed (sampling; heldout:N draw)")
+    engine.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                        help="sampling dtype (auto: bf16 on a GPU with bf16, fp16 on T4/V100; CPU: hf fp32, vllm bf16)")
+    engine.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+                        help="vllm: no compilation / CUDA graphs (default: on for CPU, where start-up is 20 s, not 2 min)")
+    engine.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default: the model's)")
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="vllm: share of GPU memory it may use (less when 05 shares the GPU)")
+    engine.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="vllm: GPUs that one engine splits the model over (a model larger than one GPU)")
+    what.add_argument("--shard", default=None, metavar="I/N",
+                      help="run only part I of N (0-based) of the episodes, written to <out>.shard-I-of-N.jsonl; the N "
+                      "parts concatenated in order I = 0..N-1 are the records one process writes (pipeline --gpus N)")
+    train.add_argument("--order-seed", type=int, default=0,
+                       help="seed of the task order (keep it fixed over iterations so batches cycle)")
+    return p.parse_args(argv)  # (flags added in one fixed order: the config lists them in that order)
 
 
-# ----------------------------------------------------------------------------- helpers (the same in every stage)
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def write_atomic(path, text):
-    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
-class InputError(Exception):
-    """Bad input (a file, a record, a flag): main reports it with fail() (exit 2), nothing written. An exception, not
-    fail() itself, so that the lock is released on the way out and tests can catch it."""
-
-
+# ----------------------------------------------------------------------------- helpers
 class ToolError(Exception):
     """A tool call that fails: becomes an error observation, never leaves the episode."""
 
@@ -131,13 +107,16 @@ def clip(s, n=MAX_ERR):
     return s if len(s) <= n else s[:n] + "..."
 
 
-def seed_everything(seed):
-    """random, numpy, torch (CPU and CUDA); vLLM gets the seed in LLM(seed=...) and per request."""
-    random.seed(seed)
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed(seed)
-    if "torch" in sys.modules:  # imported only for a checkpoint policy, so the oracle stays fast
-        sys.modules["torch"].manual_seed(seed)
+def safe(x):
+    """Model text is data (plumbing.safe_text: a lone surrogate becomes U+FFFD) on every string of a reply, a parsed
+    call (names, keys, values) or a tool result: it is stored, rendered and written safely."""
+    if isinstance(x, str):
+        return safe_text(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(safe(v) for v in x)
+    if isinstance(x, dict):
+        return {safe(k): safe(v) for k, v in x.items()}
+    return x
 
 
 def fill(template, **values):
@@ -150,191 +129,10 @@ def has_line(text, prefix):
     return any(line.lstrip().startswith(prefix) for line in text.splitlines())
 
 
-# ---- input checking ----
-# Every input file (tasks, assignment, harness records) and flag is checked before an episode runs: bad input stops
-# with one line naming the file, the line and the field (InputError -> exit 2), and nothing is written.
-def read_text(path, what):
-    """A file's text; invalid UTF-8 stops with the file and line (bad input, not a traceback)."""
-    if not Path(path).is_file():
-        raise InputError(f"{path}: {what} file not found")
-    data = Path(path).read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise InputError(f"{path}:{line}: invalid UTF-8 (byte {data[e.start]:#04x})")
-
-
-def read_jsonl(path, what):
-    rows = []
-    for n, line in enumerate(read_text(path, what).splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append((n, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{n}: malformed JSON ({e.msg})")
-            check_text(rows[-1][1], f"{path}:{n}")
-    return rows
-
-
-# ----------------------------------------------------------------------------- text is data
-# Model text is data. A model can type a lone UTF-16 surrogate in plain ASCII (`"\ud800"` in a JSON string or a
-# Python literal); such a str cannot be encoded as UTF-8 (writing the record fails) nor tokenized. Every string
-# that enters from a reply, a parsed call or a tool result goes through safe(): a lone surrogate becomes U+FFFD.
-# In an input file (tasks, assignment, harness records) the same escape is bad input: check_text() names the field.
-def safe_text(s):
-    try:
-        s.encode("utf-8")
-        return s
-    except UnicodeEncodeError:  # a pair of surrogates becomes its character, a lone one U+FFFD
-        return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def safe(x):
-    """safe_text on every string of a reply, a parsed call (names, keys, values) or a tool result."""
-    if isinstance(x, str):
-        return safe_text(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(safe(v) for v in x)
-    if isinstance(x, dict):
-        return {safe(k): safe(v) for k, v in x.items()}
-    return x
-
-
-def surrogate_field(x, field=""):
-    """The first field (dotted path) of a JSON value holding a string that is not valid Unicode text, or None."""
-    if isinstance(x, str):
-        return None if safe_text(x) is x else (field or "(the record)")
-    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
-    for k, v in items:
-        name = f"{field}[{k}]" if isinstance(x, list) else f"{field}.{k}" if field else str(k)
-        if isinstance(k, str) and safe_text(k) is not k:
-            return name
-        found = surrogate_field(v, name)
-        if found:
-            return found
-    return None
-
-
-def check_text(record, where):
-    field = surrogate_field(record)
-    if field:
-        raise InputError(f"{where}: field '{clip(safe_text(field), 60)}': a lone UTF-16 surrogate (e.g. \\ud800) "
-                         "is not text")
-
-
-# ----------------------------------------------------------------------------- tasks
-def check_checker(c, where):
-    need = {"answer_equals": ["value"], "file_equals": ["path", "value"], "file_contains": ["path", "value"],
-            "all": ["checks"]}.get(c.get("type") if isinstance(c, dict) else None)
-    if need is None or any(k not in c for k in need) or (c["type"] == "all" and not (
-            isinstance(c["checks"], list) and c["checks"])):
-        raise InputError(f"{where}: field 'checker': needs type answer_equals (value), file_equals / file_contains "
-                         "(path, value) or all (checks: a non-empty list)")
-    for sub in c.get("checks", []) if c["type"] == "all" else []:
-        check_checker(sub, where)
-
-
-def load_tasks(path):
-    tasks, seen = [], set()
-    for n, t in read_jsonl(path, "tasks"):
-        where = f"{path}:{n}"
-        for key, typ in (("task_id", str), ("request", str), ("files", dict), ("checker", dict)):
-            if not isinstance(t, dict) or not isinstance(t.get(key), typ):
-                raise InputError(f"{where}: field '{key}' missing or not a {typ.__name__}")
-        if t["task_id"] in seen:
-            raise InputError(f"{where}: field 'task_id': duplicate id {t['task_id']!r}")
-        seen.add(t["task_id"])
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in t["files"].items()):
-            raise InputError(f"{where}: field 'files' must map path strings to text strings")
-        check_checker(t["checker"], where)
-        for i, step in enumerate(t.get("solution") or []):
-            if not (isinstance(step, dict) and step.get("tool") in CANONICAL and isinstance(step.get("args", {}), dict)
-                    and set(step.get("args", {})) == set(CANONICAL[step["tool"]])):
-                raise InputError(f"{where}: field 'solution[{i}]': needs a canonical tool and exactly its args")
-        if not isinstance(t.setdefault("family", "custom"), str):
-            raise InputError(f"{where}: field 'family' is not a string")
-        tasks.append(t)
-    if not tasks:
-        raise InputError(f"{path}: no tasks")
-    return tasks
-
-
-# ----------------------------------------------------------------------------- harness records
-# The harness record's schema. What 04 reads from each component (01 writes it; docs/stages.md and
-# docs/robustness.md list the same table): field -> (kind, required). Optional fields fall back to the base's behaviour.
-HARNESS_SCHEMA = {
-    "S": {"template": ("text", True), "placement": (("system", "user"), False), "task_prefix": ("text or null", False)},
-    "T": {"syntax": (tuple(SYNTAXES), True), "tools": ("tools", True), "max_calls_per_turn": ("int >= 1", False),
-          "final_answer": ("text", False)},
-    "O": {"role": (("tool", "user"), True), "template": ("text", True), "error_template": ("text", True),
-          "max_chars": ("int >= 1", False), "truncate_marker": ("text or null", False),
-          "line_numbers": ("bool", False)},
-    "C": {"mode": (("full", "window", "elide"), True), "k": ("int >= 0 or null", False),
-          "elided_text": ("text or null", False)},
-    "W": {"rules": ("text or null", False), "plan_first": ("bool", False), "plan_prefix": ("text or null", False),
-          "reply_marker": ("text or null", False), "budget_reminder": ("text or null", False),
-          "verify_before_submit": ("bool", False), "verify_marker": ("text or null", False)},
-}
-KINDS = {  # kind -> (check, what the message says)
-    "text": (lambda v: isinstance(v, str), "a string"),
-    "text or null": (lambda v: v is None or isinstance(v, str), "a string or null"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "int >= 1": (lambda v: type(v) is int and v >= 1, "an integer >= 1"),
-    "int >= 0 or null": (lambda v: v is None or (type(v) is int and v >= 0), "an integer >= 0 or null"),
-    "tools": (lambda v: isinstance(v, dict), "an object canonical tool -> {name, args}"),
-}
-
-
-def check_field(value, kind):
-    """None if value is of this kind, else what it should be."""
-    if isinstance(kind, tuple):
-        return None if isinstance(value, str) and value in kind else f"one of {list(kind)}"
-    ok, want = KINDS[kind]
-    return None if ok(value) else want
-
-
-def validate_harness(h, where):
-    if not isinstance(h, dict) or not isinstance(h.get("harness_id"), str) or not h["harness_id"]:
-        raise InputError(f"{where}: field 'harness_id' missing")
-    check_text(h, where)
-    specs = h.get("specs")
-    if not isinstance(specs, dict) or any(not isinstance(specs.get(c), dict) for c in COMPONENTS):
-        raise InputError(f"{where}: field 'specs' must hold objects S, T, O, C, W")
-    for c, fields in HARNESS_SCHEMA.items():
-        for key, (kind, required) in fields.items():
-            if key not in specs[c] and not required:
-                continue
-            want = check_field(specs[c].get(key), kind)
-            if want:
-                value = specs[c].get(key, "(missing)")
-                raise InputError(f"{where}: field 'specs.{c}.{key}': {clip(json.dumps(value), 40)} is not {want}")
-    tools = specs["T"]["tools"]
-    for tool, t in tools.items():
-        args = t.get("args") if isinstance(t, dict) else None
-        if not (isinstance(args, dict) and tool in CANONICAL and isinstance(t.get("name"), str) and t["name"].strip()
-                and set(args) == set(CANONICAL[tool]) and all(isinstance(a, str) and a.strip() for a in args.values())):
-            raise InputError(f"{where}: field 'specs.T.tools.{clip(tool, 40)}': needs a canonical tool, a non-empty "
-                             f"name and 'args' mapping exactly {CANONICAL.get(tool, 'its args')} to non-empty names")
-    if "submit" not in tools:
-        raise InputError(f"{where}: field 'specs.T.tools': needs a submit tool")
-    return h
-
-
-def load_harness_file(path):
-    """A JSON object, a JSON list of objects, or JSONL; every record validated."""
-    text = read_text(path, "harness")
-    try:
-        data = json.loads(text)
-        rows = [(f"{path}[{i}]", h) for i, h in enumerate(data)] if isinstance(data, list) else [(str(path), data)]
-    except json.JSONDecodeError:
-        rows = [(f"{path}:{n}", h) for n, h in read_jsonl(path, "harness")]
-    return [validate_harness(h, where) for where, h in rows]
-
-
+# ----------------------------------------------------------------------------- harness records (schemas.HARNESS)
 def load_run_harnesses(run, name):
     path = Path(run) / name
-    return [validate_harness(h, f"{path}:{n}") for n, h in read_jsonl(path, "harness")]
+    return [validate_harness(h, f"{path}:{n}") for n, h in read_jsonl(path, " (run stages 01-02 first)")]
 
 
 def harness_pool(run, names, pool=()):
@@ -346,10 +144,18 @@ def harness_pool(run, names, pool=()):
     return pool
 
 
-EXTERNAL_HARNESSES = load_harness_file(HERE / "data" / "external_harnesses.json")  # --harnesses external
+def external_harnesses():
+    """The out-of-space harnesses X-shell and X-react (--harnesses external), read when asked for."""
+    return load_harness_file(HERE / "data" / "external_harnesses.json")
 
 
-# ---- the algorithm ----
+def __getattr__(name):  # the module attribute EXTERNAL_HARNESSES, read on first use (not at import)
+    if name == "EXTERNAL_HARNESSES":
+        return external_harnesses()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# ============================================================================= the algorithm
 # ----------------------------------------------------------------------------- the verifier
 def normalise(s):
     s = " ".join(str(s).strip().lower().split()).strip("'\"`").rstrip(".")
@@ -429,7 +235,8 @@ def calculate(expr):
     return str(value)
 
 
-def check_path(path):
+def workspace_path(path):
+    """The path, stripped, if it names a file inside the workspace; else a ToolError saying why."""
     path = path.strip()
     if not path:
         raise ToolError("empty path")
@@ -444,6 +251,9 @@ def check_path(path):
     return path
 
 
+check_path = workspace_path  # its former name (tests/test_hostile_input.py)
+
+
 class Workspace:
     """The task's files in memory; the six canonical tools. Nothing is executed, nothing touches the disk."""
 
@@ -454,7 +264,7 @@ class Workspace:
         if tool == "list_files":
             return "\n".join(sorted(self.files)) or "(no files)"
         if tool == "read_file":
-            path = check_path(args["path"])
+            path = workspace_path(args["path"])
             if path not in self.files:
                 raise ToolError(f"no such file: {path}")
             return self.files[path][:MAX_FILE] or "(empty file)"
@@ -466,7 +276,7 @@ class Workspace:
                     if query in line.lower()]
             return "\n".join(hits[:20]) or "no matches"
         if tool == "write_file":
-            path, content = check_path(args["path"]), args["content"]
+            path, content = workspace_path(args["path"]), args["content"]
             if len(content) > MAX_FILE:
                 raise ToolError(f"content too long ({MAX_FILE} chars max)")
             if path not in self.files and len(self.files) >= MAX_FILES:
@@ -749,57 +559,14 @@ class Episode:
         self.reward = score(self.task["checker"], self.ws.files, self.ws.answer)
         self.checks = check_results(self.task["checker"], self.ws.files, self.ws.answer)
 
-    def violation(self, message):
-        self.workflow_violations += 1
-        return format_error(self.O, "workflow", message)
-
     def step(self, reply):
-        """Apply one model reply: workflow checks, parse, run the calls, append the observation."""
+        """Apply one model reply: W's rules on the reply, else parse and run its calls; keep the books; observe."""
         self.turns += 1
-        reply = safe_text(reply)  # model text is data (see safe_text): stored, rendered and written safely
+        reply = safe_text(reply)  # model text is data (see safe): stored, rendered and written safely
         self.messages.append({"role": "assistant", "content": reply})
-        W, T, O = self.W, self.T, self.O
-        parts, n_errors, calls, limit, ran = [], 0, 0, T.get("max_calls_per_turn", 1), []
         errors_before = self.tool_errors + self.workflow_violations
-        plan, marker, verify = W.get("plan_prefix") or "Plan:", W.get("reply_marker"), W.get("verify_marker") or ""
-        # each W rule checked counts in workflow_checks; each failed check is one workflow violation
-        if W.get("plan_first") and self.turns == 1:
-            self.workflow_checks += 1
-            if not reply.lstrip().startswith(plan):
-                parts.append(self.violation(f"your first reply must start with '{plan}'; nothing was run"))
-        if marker and not parts:
-            self.workflow_checks += 1
-            if not has_line(reply, marker):
-                parts.append(self.violation(f"every reply needs a line starting with '{marker}'; nothing was run"))
-        for item in [] if parts else safe(parse_reply(T, reply)) or [("error", "no tool call found")]:
-            calls += item[0] == "call"
-            if item[0] == "error" or calls > limit:
-                n_errors += 1
-                if n_errors <= MAX_SHOWN:  # the rest are counted below: the observation stays bounded
-                    parts.append(format_error(O, "parser", item[1] if item[0] == "error" else
-                                              f"at most {limit} calls per reply; the rest were not run"))
-                if calls > limit:
-                    break
-                continue
-            name = item[1]
-            try:
-                tool, args = to_canonical(T, name, item[2])
-                if tool == "submit" and W.get("verify_before_submit"):
-                    self.workflow_checks += 1
-                    if not has_line(reply, verify):
-                        parts.append(self.violation(f"{name} refused: the reply that calls it needs a line "
-                                                    f"starting with '{verify}'"))
-                        continue
-                output = safe_text(self.ws.call(tool, args))
-            except Exception as e:  # a ToolError, or anything unexpected inside a tool: an observation, not a crash
-                self.tool_errors += 1
-                parts.append(format_error(O, name, str(e) if isinstance(e, ToolError) else
-                                          f"the tool failed ({type(e).__name__})"))
-                continue
-            ran.append(tool)  # a call that parsed and ran without error
-            if tool == "submit":
-                break
-            parts.append(format_output(O, name, output))
+        violation = self.workflow_violation(reply)
+        parts, n_errors, ran = ([violation], 0, []) if violation else self.run_calls(reply)
         self.parse_errors += n_errors > 0
         # per-turn facts (06: recovery = share of error turns followed by a turn with a valid call)
         if n_errors or self.tool_errors + self.workflow_violations > errors_before:
@@ -809,11 +576,73 @@ class Episode:
         if "submit" in ran:
             return self.finish("submitted")
         if n_errors > MAX_SHOWN:
-            parts.append(format_error(O, "parser", f"{n_errors - MAX_SHOWN} more parse errors not shown"))
+            parts.append(format_error(self.O, "parser", f"{n_errors - MAX_SHOWN} more parse errors not shown"))
+        self.observe(parts)
+
+    # each W rule checked counts in workflow_checks; each failed check is one workflow violation
+    def violation(self, message):
+        self.workflow_violations += 1
+        return format_error(self.O, "workflow", message)
+
+    def workflow_violation(self, reply):
+        """W's rules on the whole reply (plan first, a reply marker): the error observation of the first that
+        fails (then nothing is run), else None."""
+        plan, marker = self.W.get("plan_prefix") or "Plan:", self.W.get("reply_marker")
+        if self.W.get("plan_first") and self.turns == 1:
+            self.workflow_checks += 1
+            if not reply.lstrip().startswith(plan):
+                return self.violation(f"your first reply must start with '{plan}'; nothing was run")
+        if marker:
+            self.workflow_checks += 1
+            if not has_line(reply, marker):
+                return self.violation(f"every reply needs a line starting with '{marker}'; nothing was run")
+        return None
+
+    def run_calls(self, reply):
+        """Parse the reply and run its calls in order, up to T.max_calls_per_turn (default 1) and the first submit.
+        -> (observation parts, parse errors, canonical tools that ran without error)."""
+        parts, n_errors, calls, limit, ran = [], 0, 0, self.T.get("max_calls_per_turn", 1), []
+        for item in safe(parse_reply(self.T, reply)) or [("error", "no tool call found")]:
+            calls += item[0] == "call"
+            if item[0] == "error" or calls > limit:
+                n_errors += 1
+                if n_errors <= MAX_SHOWN:  # the rest are counted in step(): the observation stays bounded
+                    parts.append(format_error(self.O, "parser", item[1] if item[0] == "error" else
+                                              f"at most {limit} calls per reply; the rest were not run"))
+                if calls > limit:
+                    break
+                continue
+            tool, output = self.run_call(reply, item[1], item[2])
+            if tool:
+                ran.append(tool)  # a call that parsed and ran without error
+            if tool == "submit":
+                break
+            parts.append(format_output(self.O, item[1], output) if tool else output)
+        return parts, n_errors, ran
+
+    def run_call(self, reply, name, args):
+        """One parsed call -> (canonical tool, its output), or (None, the error observation): a tool error, or a
+        submit that W refuses (verify before submit: the reply needs a verify_marker line)."""
+        try:
+            tool, args = to_canonical(self.T, name, args)
+            verify = self.W.get("verify_marker") or ""
+            if tool == "submit" and self.W.get("verify_before_submit"):
+                self.workflow_checks += 1
+                if not has_line(reply, verify):
+                    return None, self.violation(f"{name} refused: the reply that calls it needs a line starting "
+                                                f"with '{verify}'")
+            return tool, safe_text(self.ws.call(tool, args))
+        except Exception as e:  # a ToolError, or anything unexpected inside a tool: an observation, not a crash
+            self.tool_errors += 1
+            return None, format_error(self.O, name, str(e) if isinstance(e, ToolError) else
+                                      f"the tool failed ({type(e).__name__})")
+
+    def observe(self, parts):
+        """The observation (O's role), W's budget reminder last; the turn budget may end the episode."""
         observation = "\n".join(parts)
-        if W.get("budget_reminder"):
-            observation += "\n" + fill(W["budget_reminder"], left=self.max_turns - self.turns)
-        self.messages.append({"role": O["role"], "content": observation})
+        if self.W.get("budget_reminder"):
+            observation += "\n" + fill(self.W["budget_reminder"], left=self.max_turns - self.turns)
+        self.messages.append({"role": self.O["role"], "content": observation})
         if self.turns >= self.max_turns:
             self.finish("turn_budget")
 
@@ -922,29 +751,15 @@ def batch_harnesses(assignment, t, size, order_seed):
             for tid in train_batch(ids, t, size, order_seed)]
 
 
+
+
 def train_jobs(args, tasks_by_id, tasks_path):
+    """Train mode: iteration t's batch of tasks, each under its visit's harness, group_size samples each."""
     run, t = Path(args.run), args.iteration
     known = harness_pool(run, ("harness_space.jsonl", "train_harnesses.jsonl"))
     if not known:
-        raise InputError(f"{run / 'train_harnesses.jsonl'}: harness file not found (run stages 01-02 first)")
-    path, assignment = run / "assignment.jsonl", {}
-    for n, row in read_jsonl(path, "assignment"):
-        where = f"{path}:{n}"
-        if not isinstance(row, dict) or not isinstance(row.get("task_id"), str) or row["task_id"] not in tasks_by_id:
-            tid = row.get("task_id") if isinstance(row, dict) else row
-            raise InputError(f"{where}: field 'task_id': {clip(tid, 60)!r} is not a task of {tasks_path}")
-        if row["task_id"] in assignment:
-            raise InputError(f"{where}: field 'task_id': {clip(row['task_id'], 60)!r} is assigned twice (one line "
-                             "per task)")
-        hids = row.get("harness_ids")
-        if not isinstance(hids, list) or not hids:
-            raise InputError(f"{where}: field 'harness_ids' must be a non-empty list")
-        for hid in hids:
-            if not isinstance(hid, str) or hid not in known:
-                raise InputError(f"{where}: field 'harness_ids': unknown harness id {clip(hid, 60)!r}")
-        assignment[row["task_id"]] = hids
-    if not assignment:
-        raise InputError(f"{path}: no episodes to run (empty assignment)")
+        fail(f"{run / 'train_harnesses.jsonl'}: harness file not found (run stages 01-02 first)")
+    assignment = load_assignment(run / "assignment.jsonl", tasks_by_id, known, tasks_path)
     jobs = []
     for tid, hid, visit in batch_harnesses(assignment, t, args.tasks_per_iteration, args.order_seed):
         for s in range(args.group_size):
@@ -955,21 +770,20 @@ def train_jobs(args, tasks_by_id, tasks_path):
 
 
 def select_harnesses(args):
+    """Eval mode: the harnesses --harnesses names (see its help)."""
     run, spec = Path(args.run), args.harnesses
-    external = EXTERNAL_HARNESSES + [h for f in args.harness_file for h in load_harness_file(f)]
+    external = external_harnesses() + [h for f in args.harness_file for h in load_harness_file(f)]
     if spec == "external":
         return external
     if spec in ("base", "all"):
         space = load_run_harnesses(run, "harness_space.jsonl")
         return space if spec == "all" else [h for h in space if h.get("levels") and not any(h["levels"].values())][:1]
-    if spec == "train":
-        return load_run_harnesses(run, "train_harnesses.jsonl")
-    if spec == "heldout" or spec.startswith("heldout:"):
+    if spec in ("train", "heldout"):
+        return load_run_harnesses(run, f"{spec}_harnesses.jsonl")
+    if spec.startswith("heldout:"):
         held, n = load_run_harnesses(run, "heldout_harnesses.jsonl"), spec.partition(":")[2]
-        if spec == "heldout":
-            return held
         if not n.isdigit() or int(n) < 1:
-            raise InputError(f"--harnesses {spec}: N in heldout:N must be a positive integer")
+            fail(f"--harnesses {spec}: N in heldout:N must be a positive integer")
         return sorted(random.Random(args.seed).sample(held, min(int(n), len(held))), key=lambda h: h["harness_id"])
     pool = harness_pool(run, ("harness_space.jsonl", "train_harnesses.jsonl", "heldout_harnesses.jsonl"), external)
     named = [i.strip() for i in spec.split(",") if i.strip()]  # the word "external" stands for those harnesses
@@ -977,15 +791,15 @@ def select_harnesses(args):
                                                         else [i])))
     for hid in ids:
         if hid not in pool:
-            raise InputError(f"--harnesses: unknown harness id {clip(hid, 60)!r} (not in {run}/*.jsonl, "
-                             "the built-in external harnesses or --harness-file)")
+            fail(f"--harnesses: unknown harness id {clip(hid, 60)!r} (not in {run}/*.jsonl, the built-in external "
+                 "harnesses or --harness-file)")
     return [pool[hid] for hid in ids]
 
 
 def eval_jobs(args, tasks):
     harnesses = select_harnesses(args)
     if not harnesses:
-        raise InputError(f"--harnesses {args.harnesses}: no harness selected")
+        fail(f"--harnesses {args.harnesses}: no harness selected")
     jobs = [(task, h, {"episode_id": f"eval-{task['task_id']}-{h['harness_id']}-s{s}", "iteration": None,
                        "visit": None, "group_id": f"{task['task_id']}|{h['harness_id']}|eval", "sample_index": s})
             for h in harnesses for task in tasks for s in range(args.samples)]
@@ -998,92 +812,55 @@ def run_smolagents(args, tasks, policy, backend, tok, positions):
     try:
         import smolagents_harness as bridge
     except ImportError as e:
-        raise InputError(f"--harnesses smolagents: {e} (pip install 'smolagents>=1.20,<1.27')")
+        fail(f"--harnesses smolagents: {e} (pip install 'smolagents>=1.20,<1.27')")
     env = bridge.Environment(workspace=Workspace, score=score, check_results=check_results, max_arg=MAX_ARG)
     try:
         return bridge.run_smolagents_episodes(env, tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
                                               args.temperature, args.samples, positions=positions)
     except bridge.BridgeError as e:
-        raise InputError(str(e))
-
-
-# ---- one writer at a time: a lock file (pid, command) while this stage writes (repeated per stage on purpose)
-LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
-    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
-    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
-    the folders made for it if they stayed empty: bad input leaves nothing behind."""
-    path = Path(path).resolve()
-    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-                pid = int(holder["pid"])
-            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
-                holder, pid = {}, None
-            if pid is not None and inherited.get(str(path)) == str(pid):
-                yield  # our parent holds it
-                return
-            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
-                    time.time() - path.stat().st_mtime < 5:
-                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
-                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
-                raise SystemExit(2)
-            path.unlink(missing_ok=True)  # stale: its process is gone
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
-    before = os.environ.get(LOCK_ENV)
-    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
-    term = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
-    try:
-        yield
-    finally:
-        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, term)
-        if before is None:
-            os.environ.pop(LOCK_ENV, None)
-        else:
-            os.environ[LOCK_ENV] = before
-        path.unlink(missing_ok=True)
-        for p in made:  # deepest first
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
+        fail(str(e))
 
 
 # ----------------------------------------------------------------------------- main
-def parse_shard(spec):
-    """--shard I/N -> (I, N) with 0 <= I < N."""
-    m = re.fullmatch(r"(\d+)/(\d+)", spec or "")
-    if not m or not int(m[1]) < int(m[2]):
-        raise InputError(f"--shard {spec}: expected I/N with 0 <= I < N (e.g. 0/4)")
-    return int(m[1]), int(m[2])
+def validate_flags(args):
+    """The flags' values, before anything is read. -> the shard (I, N) or None."""
+    if args.eval == (args.iteration is not None):
+        fail("give exactly one of --iteration t (train mode) or --eval (eval mode)")
+    bad = [f for f in ("group_size", "samples", "max_turns", "max_new_tokens", "tensor_parallel_size")
+           if getattr(args, f) < 1]
+    if bad or args.temperature < 0 or (args.iteration or 0) < 0:
+        fail(f"--{(bad or ['temperature/iteration'])[0].replace('_', '-')}: must be >= 1 (>= 0 for --temperature and "
+             "--iteration)")
+    m = re.fullmatch(r"(\d+)/(\d+)", args.shard or "")  # [multi-GPU] --shard I/N with 0 <= I < N
+    if args.shard and (not m or not int(m[1]) < int(m[2])):
+        fail(f"--shard {args.shard}: expected I/N with 0 <= I < N (e.g. 0/4)")
+    if args.eval and (not args.harnesses or not args.out or not args.policy):
+        fail("eval mode needs --policy, --harnesses SPEC and --out FILE")
+    if not args.eval and args.out:  # training writes RUN/iter_t/rollouts.jsonl; a silently ignored --out misleads
+        fail(f"--out {args.out}: only for --eval; training writes {args.run}/iter_NNN/rollouts.jsonl")
+    return (int(m[1]), int(m[2])) if args.shard else None
 
 
 def shard_path(path, i, n):
     """rollouts.jsonl -> rollouts.shard-I-of-N.jsonl (pipeline.py concatenates I = 0..N-1 into the first name)."""
     return path.with_name(f"{path.stem}.shard-{i}-of-{n}{path.suffix}")
+
+
+def load_policy(args, policy, jobs, tasks_path):
+    """-> (backend, tokenizer, positions): none for the oracle (a tokenizer only to record token ids)."""
+    if policy == "oracle":
+        for task, h, _ in jobs:
+            missing = {s["tool"] for s in task.get("solution") or []} - set(h["specs"]["T"]["tools"])
+            if not task.get("solution") or missing:
+                fail(f"{tasks_path}: task {task['task_id']!r}: the oracle needs a 'solution' whose tools harness "
+                     f"{h['harness_id']} has (missing: {sorted(missing) or 'solution'})")
+        return None, load_tokenizer(args.tokenizer) if args.tokenizer else None, None
+    if not (Path(policy) / "config.json").is_file():
+        fail(f"{policy}: policy folder not found (no config.json)")
+    tok, positions = load_tokenizer(policy), max_positions(policy)
+    if args.backend == "vllm" and args.max_model_len:  # vLLM refuses longer prompts: end those episodes first
+        positions = min(positions or args.max_model_len, args.max_model_len)
+    return (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args), tok, positions
 
 
 def summarize(records):
@@ -1094,18 +871,7 @@ def summarize(records):
 
 
 def run_stage(args):
-    if args.eval == (args.iteration is not None):
-        raise InputError("give exactly one of --iteration t (train mode) or --eval (eval mode)")
-    bad = [f for f in ("group_size", "samples", "max_turns", "max_new_tokens", "tensor_parallel_size")
-           if getattr(args, f) < 1]
-    if bad or args.temperature < 0 or (args.iteration or 0) < 0:
-        raise InputError(f"--{(bad or ['temperature/iteration'])[0].replace('_', '-')}: must be >= 1 (>= 0 for "
-                         "--temperature and --iteration)")
-    shard = parse_shard(args.shard) if args.shard else None  # [multi-GPU] (I, N)
-    if args.eval and (not args.harnesses or not args.out or not args.policy):
-        raise InputError("eval mode needs --policy, --harnesses SPEC and --out FILE")
-    if not args.eval and args.out:  # training writes RUN/iter_t/rollouts.jsonl; a silently ignored --out misleads
-        raise InputError(f"--out {args.out}: only for --eval; training writes {args.run}/iter_NNN/rollouts.jsonl")
+    shard = validate_flags(args)  # [multi-GPU] (I, N)
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
     smolagents = args.eval and args.harnesses == "smolagents"  # episodes run inside smolagents, not here
@@ -1119,27 +885,13 @@ def run_stage(args):
     if shard:  # [multi-GPU] block I of N of the job list: contiguous, so the N files concatenated in order of I
         # are the one-process records (each episode's sampling randomness is its own: run_episodes)
         if smolagents:
-            raise InputError("--shard: not for --harnesses smolagents (its episodes run inside smolagents)")
+            fail("--shard: not for --harnesses smolagents (its episodes run inside smolagents)")
         i, n = shard
         jobs = jobs[len(jobs) * i // n:len(jobs) * (i + 1) // n]
         out, config_path = shard_path(out, i, n), shard_path(config_path, i, n)
     policy = args.policy or str(Path(args.run) / ("init_policy" if not args.iteration else
                                                   f"iter_{args.iteration - 1:03d}/policy"))
-    backend, tok, positions = None, None, None
-    if policy == "oracle":
-        for task, h, _ in jobs:
-            missing = {s["tool"] for s in task.get("solution") or []} - set(h["specs"]["T"]["tools"])
-            if not task.get("solution") or missing:
-                raise InputError(f"{tasks_path}: task {task['task_id']!r}: the oracle needs a 'solution' whose tools "
-                                 f"harness {h['harness_id']} has (missing: {sorted(missing) or 'solution'})")
-        tok = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    else:
-        if not (Path(policy) / "config.json").is_file():
-            raise InputError(f"{policy}: policy folder not found (no config.json)")
-        tok, positions = load_tokenizer(policy), max_positions(policy)
-        if args.backend == "vllm" and args.max_model_len:  # vLLM refuses longer prompts: end those episodes first
-            positions = min(positions or args.max_model_len, args.max_model_len)
-        backend = (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args)
+    backend, tok, positions = load_policy(args, policy, jobs, tasks_path)
     seed_everything(args.seed)
     start = time.perf_counter()
     if smolagents:
@@ -1150,7 +902,7 @@ def run_stage(args):
     wall = time.perf_counter() - start
     for r in records:  # which engine sampled the episode (05: truncated IS where it is not 05's own fp32 forward)
         r["sampler"] = getattr(backend, "sampler", None) if backend else {"backend": "oracle", "dtype": None}
-    write_atomic(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    write_atomic(out, jsonl_text(records))
     versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "vllm", "smolagents")
                 if m in sys.modules}
     config = {**vars(args), "policy": policy, "tasks": str(tasks_path), "episodes": len(records), "out": str(out),
@@ -1172,7 +924,7 @@ def main(argv=None):
     try:
         with lock:
             run_stage(args)
-    except (InputError, BackendError) as e:  # BackendError: generation.py's bad input (a folder, vllm missing)
+    except BackendError as e:  # generation.py's bad input (a folder, vllm missing): one line, exit 2
         fail(str(e))
 
 
