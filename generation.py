@@ -25,8 +25,11 @@ enforce_eager (None = on for CPU), max_model_len, gpu_memory_utilization (GPU), 
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
+
+from plumbing import safe_text
 
 
 class BackendError(Exception):
@@ -237,3 +240,134 @@ class VLLMBackend:
             lps = [c.logprobs[j][t].logprob for j, t in enumerate(ids)] if T > 0 and c.logprobs is not None else None
             results.append((ids, lps))
         return results
+
+
+# ----------------------------------------------------------------------------- function calling (black-box bridges)
+# A framework that calls tools natively (blackbox_*.py) sends a serving engine chat messages + tool JSON schemas
+# and gets structured tool calls back. Here is that engine's side, token-in/token-out: the tools are rendered into
+# the prompt the way the chat template does (its own rendering where it has one, else the Hermes / Qwen2.5
+# convention below), and the reply's `<tool_call>{json}</tool_call>` blocks are parsed as vLLM's `hermes` tool
+# parser does (vllm/tool_parsers/hermes_tool_parser.py, Hermes2ProToolParser.extract_tool_calls, vLLM 0.32).
+
+TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)  # vLLM's tool_call_regex
+# Qwen2.5's template text for a system turn with tools (after the system message; "\n" + tojson(tool) per tool)
+HERMES_TOOLS = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{tools}\n</tools>"
+                "\n\nFor each function call, return a json object with function name and arguments within "
+                "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": "
+                "<args-json-object>}}\n</tool_call>")
+
+
+def tool_call_text(name, arguments):
+    """One call as the Qwen2.5 template renders an assistant's tool call (and a trained model writes it)."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def safe_json(x):
+    """Model text is data: every string of a parsed JSON value (keys too) with lone surrogates made U+FFFD."""
+    if isinstance(x, str):
+        return safe_text(x)
+    if isinstance(x, dict):
+        return {safe_text(k): safe_json(v) for k, v in x.items()}
+    return [safe_json(v) for v in x] if isinstance(x, list) else x
+
+
+def parse_tool_calls(text):
+    """vLLM's hermes parser on a reply -> (calls, error); never raises on model text.
+
+    No `<tool_call>` in the text: ([], None), the reply is plain content. Otherwise every block (the last one may
+    be unclosed) must be a JSON object with a string "name" and an "arguments" key, else ([], error): vLLM then
+    returns no tool calls and the whole text as content. calls: [{"name": str, "arguments": the JSON value}]; the
+    content (what vLLM returns beside the calls) is the text before the first `<tool_call>`."""
+    if "<tool_call>" not in text:
+        return [], None
+    calls = []
+    try:
+        for closed, unclosed in TOOL_CALL_RE.findall(text):
+            call = json.loads(closed if closed else unclosed)
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
+                return [], 'a tool call is a JSON object {"name": "<tool>", "arguments": {...}}'
+            calls.append({"name": safe_text(call["name"]), "arguments": safe_json(call["arguments"])})
+    except (ValueError, RecursionError) as e:  # json.JSONDecodeError is a ValueError; RecursionError: deep nesting
+        return [], f"tool call is not valid JSON: {safe_text(str(e))[:200]}"
+    return calls, None
+
+
+def loaded_arguments(call):
+    """A tool call's arguments as the template sees them: vLLM json.loads an OpenAI-style string first."""
+    args = call["function"]["arguments"]
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            return args
+    return args
+
+
+def hermes_messages(messages, tools):
+    """OpenAI-style messages (assistant `tool_calls`, role "tool") -> plain {"role", "content"} messages in the
+    Qwen2.5 template's convention, for a template that does not render tools: the tool block at the end of the
+    system turn (a system turn of its own where there is none), each call as `<tool_call>` text after the
+    assistant's content, consecutive tool results in one user turn as `<tool_response>` blocks."""
+    out, block = [], HERMES_TOOLS.format(tools="".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools))
+    if tools:
+        has_system = bool(messages) and messages[0]["role"] == "system"
+        out.append({"role": "system", "content": messages[0]["content"] + "\n\n" + block if has_system else block})
+        messages = messages[1:] if has_system else messages
+    for i, m in enumerate(messages):
+        if m["role"] == "tool":
+            text = "<tool_response>\n" + m["content"] + "\n</tool_response>"
+            if i and messages[i - 1]["role"] == "tool":
+                out[-1]["content"] += "\n" + text
+            else:
+                out.append({"role": "user", "content": text})
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [tool_call_text(c["function"]["name"], loaded_arguments(c)) for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": "\n".join(([m["content"]] if m.get("content") else []) + calls)})
+        else:
+            out.append({"role": m["role"], "content": m.get("content") or ""})
+    return out
+
+
+def template_renders_tools(tok):
+    """Whether the chat template renders `tools` itself (Qwen2.5: yes; SmolLM2 and the toy's ChatML: no)."""
+    probe = {"type": "function", "function": {"name": "probe_tool_4f1c", "description": "",
+                                              "parameters": {"type": "object", "properties": {}}}}
+    try:
+        text = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=[probe], tokenize=False,
+                                       add_generation_prompt=True)
+    except Exception:  # a template that fails on tools does not support them
+        return False
+    return "probe_tool_4f1c" in text
+
+
+class ToolTemplate:
+    """The policy's tokenizer as a serving engine with function calling sees it: apply_chat_template renders
+    `tools` and OpenAI-style messages (the template's own rendering where it has one, else hermes_messages), so
+    encode / render / extend_prompt above work on it unchanged. Everything else is the tokenizer's."""
+
+    def __init__(self, tok, tools):
+        self.tok, self.tools, self.native = tok, list(tools or []), template_renders_tools(tok)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+    def apply_chat_template(self, messages, **kwargs):
+        if not self.native:
+            return self.tok.apply_chat_template(hermes_messages(messages, self.tools), **kwargs)
+        messages = [dict(m, tool_calls=[{**c, "function": {**c["function"], "arguments": loaded_arguments(c)}}
+                                        for c in m["tool_calls"]]) if m.get("tool_calls") else m for m in messages]
+        return self.tok.apply_chat_template(messages, tools=self.tools or None, **kwargs)
+
+
+def sampled_reply(backend, tok, prompt_ids, turn):
+    """One policy reply through 04's backend: (text, completion ids as sampled, log-probs). The text is what vLLM
+    returns with tools: special tokens kept (the hermes parser needs them), the final stop token left out."""
+    ids, logprobs = backend.generate([prompt_ids], turn)[0]
+    shown = ids[:-1] if ids and ids[-1] in tok.stop_ids else ids
+    return tok.decode(shown, skip_special_tokens=False), ids, logprobs
+
+
+def scripted_reply(text, tok):
+    """A scripted reply (the oracle) as token ids like 04's oracle: the text's ids + the reply-end token."""
+    return text, (tok.encode(text, add_special_tokens=False) + tok.stop_ids[:1] if tok is not None else None), None
