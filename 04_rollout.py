@@ -86,7 +86,7 @@ def parse_args(argv=None):
                         help="vllm: no compilation / CUDA graphs (default: on for CPU, where start-up is 20 s, not 2 min)")
     engine.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default: the model's)")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                        help="vllm: share of GPU memory it may use (less when 05 shares the GPU)")
+                        help="vllm: share of GPU memory it may use")
     engine.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="vllm: GPUs that one engine splits the model over (a model larger than one GPU)")
     what.add_argument("--shard", default=None, metavar="I/N",
@@ -144,15 +144,13 @@ def harness_pool(run, names, pool=()):
     return pool
 
 
-def external_harnesses():
-    """The out-of-space harnesses X-shell and X-react (--harnesses external), read when asked for."""
-    return load_harness_file(HERE / "data" / "external_harnesses.json")
+EXTERNAL = HERE / "data" / "external_harnesses.json"  # X-shell and X-react: --harnesses external
 
 
-def __getattr__(name):  # the module attribute EXTERNAL_HARNESSES, read on first use (not at import)
-    if name == "EXTERNAL_HARNESSES":
-        return external_harnesses()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def __getattr__(name):  # the attribute EXTERNAL_HARNESSES (tests): the file above, read when asked for, not at import
+    if name != "EXTERNAL_HARNESSES":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return load_harness_file(EXTERNAL)
 
 
 # ============================================================================= the algorithm
@@ -772,7 +770,7 @@ def train_jobs(args, tasks_by_id, tasks_path):
 def select_harnesses(args):
     """Eval mode: the harnesses --harnesses names (see its help)."""
     run, spec = Path(args.run), args.harnesses
-    external = external_harnesses() + [h for f in args.harness_file for h in load_harness_file(f)]
+    external = load_harness_file(EXTERNAL) + [h for f in args.harness_file for h in load_harness_file(f)]
     if spec == "external":
         return external
     if spec in ("base", "all"):
