@@ -157,7 +157,7 @@ class EpisodeModel:
             raise ContextLimit(f"prompt of {len(ids)} tokens")
         self.sent.append(chat)
         text, completion_ids, logprobs = self.reply(chat, ids)
-        text = safe(text)
+        self.text = text = safe(text)
         if completion_ids is not None:
             self.model_turns.append({"prompt_ids": ids, "completion_ids": completion_ids, "logprobs": logprobs})
             self.last = (chat, shown, ids, completion_ids, text)
@@ -174,6 +174,11 @@ class EpisodeModel:
     def reply(self, messages, prompt_ids):
         """-> (text, completion ids or None, log-probs or None)."""
         raise NotImplementedError
+
+    def transcript(self):
+        """The messages of the last request as {"role", "content"} text (calls and results in the Hermes
+        convention, without the tool block) + the last reply: what the model saw and wrote last."""
+        return hermes_messages(self.sent[-1], []) + [{"role": "assistant", "content": self.text}] if self.sent else []
 
 
 class PolicyModel(EpisodeModel):
@@ -243,7 +248,7 @@ def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
             "turns": len(model.sent), "parse_errors": sum(model.parse_failed), "tool_errors": tool_errors,
             "workflow_violations": 0, "workflow_checks": 0, "error_turns": error_turns,
             "valid_call_turns": valid_turns, "submitted_answer": ws.answer, "rerendered_turns": model.rerendered,
-            "transcript": hermes_messages(chat_messages(messages, None), []), "model_turns": model.model_turns,
+            "transcript": model.transcript(), "model_turns": model.model_turns,
             "framework": FRAMEWORK}
 
 
