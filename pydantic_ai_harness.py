@@ -37,8 +37,9 @@ from pydantic_ai.models.function import FunctionModel
 
 from generation import (ToolTemplate, encode, extend_prompt, hermes_messages, parse_tool_calls, render,
                         safe_json, sampled_reply, scripted_reply, tool_call_text)
-from smolagents_harness import (BridgeError, Calculator, ContextLimit, Environment, ListFiles, ReadFile, Search,  # noqa: F401
-                                WriteFile, safe, workspace_call)
+from smolagents_harness import Environment  # noqa: F401  (04 builds the bridge's environment with it)
+from smolagents_harness import (BridgeError, Calculator, ContextLimit, ListFiles, ReadFile, Search, WriteFile, safe,
+                                workspace_call)
 
 HARNESS_ID = "X-pydantic-ai"
 FRAMEWORK = f"pydantic-ai {pydantic_ai.__version__}"  # e.g. "pydantic-ai 2.68.0", recorded in every episode
