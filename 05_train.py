@@ -2,13 +2,13 @@
 
 The paper's multi-harness policy optimisation: the clipped surrogate over every generated token of every
 (task, harness, trajectory) of the update batch, with pi_old recomputed here, before the update, at the sampling
-temperature. The whole objective (policy, value, KL and entropy terms) is written once, above `objective`; GAE's
-recursion above its lines in `gae`; `run_stage` at the end runs the steps in order: check the inputs, prepare the
-batch (sequences, advantages, old log-probs), update (epochs x minibatches, one AdamW step each), save.
+temperature. `run_stage` at the end runs the steps in order: flags, load (rollouts, policy), sequences, advantages,
+pi_old, the update loop (epochs x minibatches, one AdamW step each, around `objective`), save. The whole objective
+(policy, value, KL and entropy terms) is written once, above `objective`; GAE's recursion above its lines in `gae`.
 
 A minibatch with no signal (GRPO: every group reward-equal, A = 0) makes no optimizer step: AdamW's momentum
 would move the weights on zero gradients. Where another engine sampled (04's `sampler`: vLLM, or a dtype other
-than fp32) each token's term is weighted by min(pi_old / pi_rollout, 2) (truncated IS, --tis-cap / --no-tis).
+than fp32) each token's term is weighted by min(pi_old / pi_rollout, 2) (truncated IS, --tis-cap).
 Each stored model turn is one sequence prompt + completion; turns whose prompt extends the previous prompt +
 completion are merged (same loss, fewer tokens). The LM head runs in chunks of --logit-chunk completion tokens:
 memory is bounded by a chunk (docs/rl-cost.md). The toy preset's tiny model is built by data/tiny_model.py.
@@ -22,23 +22,32 @@ memory is bounded by a chunk (docs/rl-cost.md). The toy preset's tiny model is b
     # ... with the model sharded over the ranks (FSDP2) when its weights + AdamW state do not fit one GPU
     torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/big --iteration 0 --algo grpo --fsdp
 
+Under torchrun (it sets WORLD_SIZE) 05 imports distributed.py, the collectives over the ranks; run as
+`python 05_train.py` it uses a one-process stand-in (ONE_PROCESS below) whose every collective is the identity.
+
 Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW
 moments, 2x the fp32 weights, loaded by the next update from its --policy folder when it was saved by
 the same --algo with the same parameter groups) and, beside it, train_log.jsonl (one row per optimizer
 step) and 05_train_config.json. Defaults with --run DIR --iteration t: rollouts
 DIR/iter_{t:03d}/rollouts.jsonl, policy DIR/init_policy (t = 0) or DIR/iter_{t-1:03d}/policy, out
 DIR/iter_{t:03d}/policy.
+
+Tests and benchmarks only: the environment variable HARNESS_05_TEST_VARIANTS, a comma-separated list of
+    score-all-old      score every pi_old apart (no first-minibatch shortcut): the update must not change
+    no-skip-zero-adv   also run the GRPO sequences whose advantage is 0 (they add exactly 0 to the gradient)
+    no-merge-turns     one sequence per model turn, never merged (bench/bench_train.py measures what merging saves)
+    no-norm-adv        PPO: do not whiten the GAE advantages (tests compute the raw ones by hand)
+    naive-local-nb     under torchrun, the biased port: loss over each rank's own N_B, gradients averaged
 """
 import argparse
 import contextlib
+import dataclasses
+import functools
 import json
 import math
 import os
-import random
 import shutil
-import signal
 import sys
-import threading
 import time
 import types
 from pathlib import Path
@@ -46,6 +55,17 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
+
+from plumbing import fail, locked, read_jsonl, seed_everything, write_atomic
+
+LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk (--logit-chunk): 1024 x 151,936 x 4 B = 0.6 GB a tensor
+TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
+MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
+ADV_EPS = 1e-6  # GRPO: A = (r - mean) / (std + eps)
+GAMMA = 1.0  # PPO: discount over generated tokens (verl's default; the reward is on the episode's last token)
+VF_COEF, VF_CLIP, VF_LR_FACTOR = 0.5, 0.5, 10  # PPO: value-loss weight, value clip, value head lr = 10 x --lr (verl)
+VARIANTS_ENV = "HARNESS_05_TEST_VARIANTS"
+VARIANTS = {"score-all-old", "no-skip-zero-adv", "no-merge-turns", "no-norm-adv", "naive-local-nb"}
 
 
 def parse_args(argv=None):
@@ -56,119 +76,68 @@ def parse_args(argv=None):
     g.add_argument("--policy", help="policy checkpoint folder (default: see module docstring)")
     g.add_argument("--rollouts", help="rollouts.jsonl (default DIR/iter_{t:03d}/rollouts.jsonl)")
     g.add_argument("--out", help="output checkpoint folder (default DIR/iter_{t:03d}/policy)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="seeds torch and the minibatch order (a replicate)")
     g = p.add_argument_group("algorithm")
     g.add_argument("--algo", choices=["grpo", "ppo", "sft"], default="grpo")
-    g.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (toy: 3e-4 RL, 3e-3 SFT)")
-    g.add_argument("--weight-decay", type=float, default=0.0)
-    g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (total L2 norm)")
     g.add_argument("--clip-eps", type=float, default=0.2, help="epsilon of clip(rho, 1-eps, 1+eps)")
-    g.add_argument("--kl-coef", type=float, default=0.0, help="weight of the k3 KL to the reference policy")
+    g.add_argument("--kl-coef", type=float, default=0.0, help="weight of the k3 KL to the reference policy (0: off)")
     g.add_argument("--ref-policy", help="reference policy for the KL (default: with --iteration, DIR/init_policy "
                    "if it exists; else the loaded policy)")
-    g.add_argument("--tis-cap", type=float, help="truncated importance sampling: each token's clipped surrogate "
-                   f"times min(pi_old / pi_rollout, C), C = this cap. Default: C = {TIS_CAP} where the rollouts were "
-                   "sampled by another engine (vLLM, or a dtype other than 05's fp32), off where 05's own fp32 "
-                   "forward sampled them (hf backend in float32: the log-probs agree to ~1e-6)")
-    g.add_argument("--no-tis", action="store_true", help="no truncated importance sampling, whoever sampled")
-    g.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus weight")
-    g.add_argument("--no-std", action="store_true", help="GRPO: A = r - mean (no division by the group std)")
-    g.add_argument("--adv-eps", type=float, default=1e-6, help="GRPO: A = (r - mean) / (std + eps)")
-    g.add_argument("--gamma", type=float, default=1.0, help="PPO: discount over generated tokens")
+    g.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus weight (0: entropy not computed)")
+    g.add_argument("--tis-cap", type=float, help=f"truncated IS cap C: each token's term times min(pi_old / "
+                   f"pi_rollout, C); 0 = off. Default {TIS_CAP} where another engine sampled (vLLM, or a dtype other "
+                   "than 05's fp32), off where 05's own fp32 forward did (the log-probs agree to ~1e-6)")
     g.add_argument("--lam", type=float, default=1.0, help="PPO: GAE lambda (verl's default 1: A_t = R - V_t)")
-    g.add_argument("--vf-coef", type=float, default=0.5, help="PPO: value-loss weight")
-    g.add_argument("--vf-lr", type=float, help="PPO: value-head learning rate (default 10 x --lr, as verl's critic)")
-    g.add_argument("--vf-clip", type=float, default=0.5, help="PPO: value clipping range around the old value")
-    g.add_argument("--no-norm-adv", action="store_true", help="PPO: do not whiten the GAE advantages")
-    g = p.add_argument_group("batching")
+    g.add_argument("--min-reward", type=float, help="SFT: keep only demonstrations with reward >= this (e.g. 1)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (toy: 3e-4 RL, 3e-3 SFT)")
+    g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (total L2 norm per group)")
     g.add_argument("--epochs", "--ppo-epochs", dest="epochs", type=int, help="passes over the batch (default: 2 for "
                    "grpo/ppo, 1 for sft); --ppo-epochs is its old name")
     g.add_argument("--minibatches", type=int, help="optimizer steps per pass (RL default 2)")
     g.add_argument("--minibatch-size", type=int, help="sequences per optimizer step (SFT default 32)")
+    g.add_argument("--no-optimizer-state", action="store_true", help="neither load nor save optimizer.pt (AdamW "
+                   "moments: 2x the fp32 weights on disk; without them each update's first step is ~lr * sign(g))")
+    g = p.add_argument_group("memory and speed (none changes the update)")
     g.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward (accumulation)")
-    g.add_argument("--micro-batch-tokens", type=int, help="instead of --micro-batch-size: micro-batches of the "
-                   "length-sorted sequences holding at most this many padded tokens (sequences x longest; a longer "
-                   "sequence runs alone), so memory follows tokens, not sequence counts")
+    g.add_argument("--micro-batch-tokens", type=int, help="instead: micro-batches of the length-sorted sequences "
+                   "holding at most this many padded tokens, so memory follows tokens, not sequence counts")
     g.add_argument("--logit-chunk", type=int, default=LOGIT_CHUNK, help="completion tokens per LM-head chunk: the "
-                   "fp32 [tokens, vocab] logits exist for one chunk at a time (backward recomputes them per chunk); "
-                   "0 = the whole micro-batch at once")
-    g.add_argument("--amp", choices=["auto", "bf16", "off"], default="auto", help="bf16 autocast of the trunk (the "
-                   "LM head stays fp32): auto = on a GPU with bf16, fp32 elsewhere; bf16 = also on a CPU (about 1.6x "
-                   "faster where it has AVX512-BF16 or AMX, slower where it has neither); off = fp32")
-    g.add_argument("--no-merge-turns", action="store_true", help="one sequence per model turn, never merged")
-    g.add_argument("--min-reward", type=float, help="SFT: keep only demonstrations with reward >= this (e.g. 1)")
-    g.add_argument("--no-optimizer-state", action="store_true", help="neither load nor save optimizer.pt")
-    g.add_argument("--no-skip-zero-adv", action="store_true", help="GRPO: also run the sequences whose advantage is "
-                   "0 (equal-reward groups), which add exactly 0 to the gradient without KL or entropy terms")
-    g.add_argument("--fsdp", action="store_true", help="under torchrun: shard the weights, gradients and AdamW state "
-                   "over the ranks (FSDP2 fully_shard, per decoder layer + root) for a model whose full copy does not "
-                   "fit one GPU; the same update (docs/distributed.md)")
-    # tests only: score every pi_old apart, as before the first minibatch took it from its own forward pass
-    g.add_argument("--score-all-old", action="store_true", help=argparse.SUPPRESS)
-    # [distributed] tests only: the biased port (loss / the rank's own N_B, gradients averaged over ranks)
-    g.add_argument("--naive-local-nb", action="store_true", help=argparse.SUPPRESS)
+                   "fp32 [tokens, vocab] logits exist for one chunk at a time; 0 = the whole micro-batch at once")
+    g.add_argument("--amp", choices=["auto", "bf16", "off"], default="auto", help="bf16 autocast of the trunk (LM "
+                   "head fp32): auto = on a GPU with bf16; bf16 = also on a CPU (~1.6x faster with AVX512-BF16/AMX)")
+    g = p.add_argument_group("distributed (torchrun, docs/distributed.md)")
+    g.add_argument("--fsdp", action="store_true", help="shard weights, gradients and AdamW state over the ranks "
+                   "(FSDP2) for a model whose full copy does not fit one GPU; the same update")
     args = p.parse_args(argv)
     if args.epochs is None:
         args.epochs = 1 if args.algo == "sft" else 2
     return args
 
 
-# ----------------------------------------------------------------------------------- small helpers
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def write_atomic(path, text):
-    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
-def seed_everything(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.cuda.manual_seed_all(seed)
-
-
-def read_jsonl(path):
-    """[(line_number, record)]; a malformed line stops with the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found")
-    rows, data = [], path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        fail(f"{path} line {line}: invalid UTF-8 (byte {data[e.start]:#04x})")
-    for i, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append((i, json.loads(line)))
-            except json.JSONDecodeError as e:
-                fail(f"{path} line {i}: malformed JSON ({e.msg})")
-    return rows
-
-
-LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk (--logit-chunk): 1024 x 151,936 x 4 B = 0.6 GB a tensor
-TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
-MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
-# [distributed] under torchrun: this process's rank and the number of ranks, FSDP = --fsdp (init_distributed). Run as
-# `python 05_train.py`, WORLD = 1 and no line marked [distributed] runs a collective (section "distributed" below).
-RANK, WORLD = 0, 1
-FSDP = False
+# ------------------------------------------------------------------------ one process, or N under torchrun
+# `python 05_train.py` is one process: it holds every sequence and the whole model, so each step that ranks would
+# share is the identity here. Under `torchrun --nproc_per_node N` (which sets WORLD_SIZE) `dist` is distributed.py
+# instead: the same names, each a collective over the N ranks.
+ONE_PROCESS = types.SimpleNamespace(
+    rank=0, world=1, init=lambda fsdp, naive: None,
+    placed=lambda model, vhead, device, trunk_and_head: (model.to(device), vhead),  # on this process's device
+    share=lambda seqs, cost: seqs,  # this process's share of a minibatch: all of it
+    token_count=lambda n: (n, None),  # -> (N_B, the ranks' counts)
+    all_sum=lambda x: x, summed_log=lambda m, rank_tokens, tis: m,
+    scored=lambda seqs, score, modules: score(seqs),
+    padded=lambda micro_batches, forward_one: micro_batches,
+    reduce_gradients=lambda params: None,
+    first_non_finite=lambda named: next((n for n, p in named if not torch.isfinite(p).all()), None),
+    my_shards=lambda state, opt: state,
+    full_state=lambda model, vhead, opt, with_opt: dict(
+        model=None, vhead=vhead.state_dict() if vhead is not None else None, opt=opt.state_dict() if with_opt else None),
+    writes=lambda: True, finish=lambda: None)
+if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    import distributed as dist
+else:
+    dist = ONE_PROCESS
 
 
 # ---------------------------------------------------------------------------------- input checking
@@ -199,18 +168,28 @@ def check_flags(args):
             fail(f"--{k.replace('_', '-')} must be >= 1")
     if args.logit_chunk < 0:
         fail(f"--logit-chunk {args.logit_chunk}: must be >= 0 (0 = no chunking)")
-    for flag, x in (("--lr", args.lr), ("--vf-lr", args.vf_lr), ("--tis-cap", args.tis_cap)):  # name only the flag
-        if x is not None and not (math.isfinite(x) and x > 0):  # that is wrong
-            fail(f"{flag} {x}: must be a finite number > 0")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        fail(f"--lr {args.lr}: must be a finite number > 0")
     if not 0 < args.clip_eps < 1:
         fail(f"--clip-eps {args.clip_eps}: must be in (0, 1)")
-    for flag, x in (("--kl-coef", args.kl_coef), ("--vf-coef", args.vf_coef), ("--ent-coef", args.ent_coef)):
-        if not (math.isfinite(x) and x >= 0):  # a term's weight: 0 = off
+    for flag, x in (("--kl-coef", args.kl_coef), ("--ent-coef", args.ent_coef), ("--tis-cap", args.tis_cap or 0)):
+        if not (math.isfinite(x) and x >= 0):  # a term's weight, a cap: 0 = off; name only the flag that is wrong
             fail(f"{flag} {x}: must be a finite number >= 0")
-    if args.algo == "sft" and (args.tis_cap or args.no_tis):
-        fail(f"{'--tis-cap' if args.tis_cap else '--no-tis'} is for --algo grpo/ppo only")
+    if args.algo == "sft" and args.tis_cap is not None:
+        fail("--tis-cap is for --algo grpo/ppo only")
     if args.algo != "sft" and args.min_reward is not None:
         fail("--min-reward is for --algo sft only (it would bias an RL update)")
+    if args.fsdp and dist.world == 1:  # one process holds the whole model anyway: sharding would only add collectives
+        fail("--fsdp shards the model over torchrun's processes: run 05 under torchrun --nproc_per_node N (N >= 2), "
+             "or drop --fsdp")
+
+
+def variants_from_env():
+    """The test-only variants named in HARNESS_05_TEST_VARIANTS (module docstring)."""
+    variants = frozenset(v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip())
+    if variants - VARIANTS:
+        fail(f"{VARIANTS_ENV}: unknown {sorted(variants - VARIANTS)} (known: {sorted(VARIANTS)})")
+    return variants
 
 
 def check_policy_dir(path, what="policy"):
@@ -267,11 +246,9 @@ def load_episodes(path, algo, vocab, min_reward=None):
     if not rows:
         fail(f"{path}: empty rollout file (no episodes)")
     episodes, seen = [], {}
+    need = {"grpo": ["reward", "group_id"], "ppo": ["reward"], "sft": []}[algo] + ["model_turns"]
     for ln, r in rows:
-        where = f"{path} line {ln}"
-        if not isinstance(r, dict):
-            fail(f"{where}: expected a JSON object")
-        need = {"grpo": ["reward", "group_id"], "ppo": ["reward"], "sft": []}[algo] + ["model_turns"]
+        where = f"{path}:{ln}"
         for k, (ok, want) in ROLLOUT_SCHEMA.items():
             if k not in r and (k in need or k == "reward" and min_reward is not None):
                 by = f"--algo {algo}" if k in need else "--min-reward"  # name only the flags given
@@ -285,28 +262,10 @@ def load_episodes(path, algo, vocab, min_reward=None):
         if key in seen:
             fail(f"{where}: episode {str(key)[:60]!r} repeats line {seen[key]} (a duplicate would count twice)")
         seen[key] = ln
-        turns = []
-        for i, t in enumerate(r["model_turns"]):
-            if not isinstance(t, dict):
-                fail(f"{where}: model_turns[{i}] is not an object")
-            for k in ("prompt_ids", "completion_ids"):
-                ids = t.get(k)
-                if not isinstance(ids, list) or not all(type(x) is int for x in ids):
-                    fail(f"{where}: model_turns[{i}].{k} missing or not a list of ints")
-                bad = [x for x in ids if x < 0 or x >= vocab]
-                if bad:
-                    fail(f"{where}: model_turns[{i}].{k} has token id {bad[0]} outside the policy's "
-                         f"vocabulary (size {vocab})")
-            lp = t.get("logprobs")
-            if lp is not None and (not isinstance(lp, list) or len(lp) != len(t["completion_ids"])
-                                   or not all(finite(x) for x in lp)):
-                fail(f"{where}: model_turns[{i}].logprobs must be null or one finite number per completion token")
-            if not t["prompt_ids"]:
-                fail(f"{where}: model_turns[{i}].prompt_ids is empty")
-            turns.append((t["prompt_ids"], t["completion_ids"], lp))
         temp = 1.0 if algo == "sft" else r.get("temperature") or 1.0  # SFT, greedy (0) or missing: T = 1
-        episodes.append(dict(turns=turns, reward=float(r.get("reward", 0.0)), group=r.get("group_id"),
-                        temp=float(temp), line=ln, policy=r.get("policy"), sampler=r.get("sampler")))
+        episodes.append(dict(turns=read_turns(r["model_turns"], where, vocab), reward=float(r.get("reward", 0.0)),
+                             group=r.get("group_id"), temp=float(temp), line=ln, policy=r.get("policy"),
+                             sampler=r.get("sampler")))
     if min_reward is not None:
         episodes = [e for e in episodes if e["reward"] >= min_reward]
         if not episodes:
@@ -314,6 +273,30 @@ def load_episodes(path, algo, vocab, min_reward=None):
     if not any(c for e in episodes for _, c, _ in e["turns"]):
         fail(f"{path}: no model turn with completion tokens (oracle rollouts need 04 --tokenizer)")
     return episodes
+
+
+def read_turns(model_turns, where, vocab):
+    """[(prompt_ids, completion_ids, logprobs or None)] of one record, every id inside the vocabulary."""
+    turns = []
+    for i, t in enumerate(model_turns):
+        if not isinstance(t, dict):
+            fail(f"{where}: model_turns[{i}] is not an object")
+        for k in ("prompt_ids", "completion_ids"):
+            ids = t.get(k)
+            if not isinstance(ids, list) or not all(type(x) is int for x in ids):
+                fail(f"{where}: model_turns[{i}].{k} missing or not a list of ints")
+            bad = [x for x in ids if x < 0 or x >= vocab]
+            if bad:
+                fail(f"{where}: model_turns[{i}].{k} has token id {bad[0]} outside the policy's vocabulary "
+                     f"(size {vocab})")
+        lp = t.get("logprobs")
+        if lp is not None and (not isinstance(lp, list) or len(lp) != len(t["completion_ids"])
+                               or not all(finite(x) for x in lp)):
+            fail(f"{where}: model_turns[{i}].logprobs must be null or one finite number per completion token")
+        if not t["prompt_ids"]:
+            fail(f"{where}: model_turns[{i}].prompt_ids is empty")
+        turns.append((t["prompt_ids"], t["completion_ids"], lp))
+    return turns
 
 
 @torch.no_grad()
@@ -334,13 +317,8 @@ def check_head(model, ids, where):
 def check_finite(model, vhead, log):
     """Input checking's last guard: refuse to write a policy whose loss or weights went non-finite (exit 2,
     nothing written)."""
-    params = list(model.named_parameters()) + (list(vhead.named_parameters()) if vhead is not None else [])
-    bad = next((n for n, p in params if not torch.isfinite(p.to_local() if FSDP else p).all()), None)
-    if FSDP:  # [distributed] each rank checked its own shards: all of them stop, or none
-        import torch.distributed as dist
-        names = [None] * WORLD
-        dist.all_gather_object(names, bad)
-        bad = next((n for n in names if n), None)
+    bad = dist.first_non_finite(list(model.named_parameters()) +
+                                (list(vhead.named_parameters()) if vhead is not None else []))
     loss = next((r["loss"] for r in log if not math.isfinite(r["loss"])), None)
     if bad or loss is not None:
         fail(f"the update made {f'weight {bad}' if bad else 'the loss'} non-finite (loss {loss}); nothing written "
@@ -348,7 +326,39 @@ def check_finite(model, vhead, log):
 
 
 # ------------------------------------------------------------------------------------- the algorithm
-# rollouts -> sequences -> advantages -> log-probs -> the objective -> one update
+# rollouts -> sequences -> advantages -> pi_old -> the objective -> one update
+@dataclasses.dataclass(eq=False)  # eq=False: a sequence is itself (compared, hashed by identity)
+class Sequence:
+    """One training sequence: a model turn's prompt + completion, or several turns of one episode merged."""
+    ids: list  # prompt + completion token ids [L]
+    mask: list  # M_t per position [L]: 1 on generated tokens, 0 on prompts and tool outputs
+    ep: int  # its episode's index (GRPO: the episode's advantage; PPO: GAE runs over the episode)
+    temp: float  # the episode's sampling temperature: every log-prob is taken at it
+    n: int = 0  # generated tokens, sum(mask)
+    stored_logp: torch.Tensor = None  # [n] the sampler's log-probs (NaN where 04 stored none): truncated IS
+    # per generated token [n], set before (or, for pi_old of the first minibatch, during) the update
+    adv: torch.Tensor = None  # A_t
+    ret: torch.Tensor = None  # R_t, PPO's value target
+    old_logp: torch.Tensor = None  # log pi_old(y_t | s_t)
+    old_v: torch.Tensor = None  # V_old,t (PPO)
+    ref_logp: torch.Tensor = None  # log pi_ref(y_t | s_t) (KL)
+    tis_w: torch.Tensor = None  # truncated-IS weight w_t
+
+
+@dataclasses.dataclass
+class Context:
+    """What every step of the update needs: the flags, the policy (and PPO's value head), where and how it runs."""
+    args: argparse.Namespace
+    model: torch.nn.Module
+    vhead: torch.nn.Module  # PPO's value head, else None
+    pad_id: int
+    device: str
+    amp: bool  # bf16 autocast of the trunk
+    tis_cap: float = None  # truncated-IS cap C; None: off
+    same_ref: bool = False  # the KL reference is the loaded policy: pi_ref = pi_old
+    variants: frozenset = frozenset()  # HARNESS_05_TEST_VARIANTS
+
+
 def build_sequences(episodes, merge=True):
     """Each model turn -> one sequence ids = prompt + completion with mask 1 on the completion.
     If a turn's prompt starts with the previous sequence (full history), that sequence is extended
@@ -358,25 +368,40 @@ def build_sequences(episodes, merge=True):
         cur = None
         for prompt, comp, lp in ep["turns"]:
             lp = lp if lp is not None else [float("nan")] * len(comp)
-            if merge and cur is not None and prompt[:len(cur["ids"])] == cur["ids"]:
-                extra = len(prompt) - len(cur["ids"])
-                cur["ids"] = prompt + comp
-                cur["mask"] += [0] * extra + [1] * len(comp)
-                cur["stored_logp"] += lp
+            if merge and cur is not None and prompt[:len(cur.ids)] == cur.ids:
+                cur.mask += [0] * (len(prompt) - len(cur.ids)) + [1] * len(comp)
+                cur.ids = prompt + comp
+                cur.stored_logp += lp
                 continue
-            if cur is not None and sum(cur["mask"]):
+            if cur is not None and sum(cur.mask):
                 seqs.append(cur)
-            cur = dict(ids=prompt + comp, mask=[0] * len(prompt) + [1] * len(comp), ep=e_idx,
-                       temp=ep["temp"], stored_logp=list(lp))
-        if cur is not None and sum(cur["mask"]):
+            cur = Sequence(ids=prompt + comp, mask=[0] * len(prompt) + [1] * len(comp), ep=e_idx, temp=ep["temp"],
+                           stored_logp=list(lp))
+        if cur is not None and sum(cur.mask):
             seqs.append(cur)
     for s in seqs:
-        s["n"] = sum(s["mask"])
-        s["stored_logp"] = torch.tensor(s["stored_logp"], dtype=torch.float32)
+        s.n = sum(s.mask)
+        s.stored_logp = torch.tensor(s.stored_logp, dtype=torch.float32)
     return seqs
 
 
-def grpo_advantages(rewards, group_ids, use_std=True, eps=1e-6):
+def only_pg_term(args):
+    """GRPO without KL or entropy terms: a sequence whose advantage is 0 everywhere adds exactly 0 to the loss."""
+    return args.algo == "grpo" and not args.kl_coef and not args.ent_coef
+
+
+def has_signal(u, s):
+    """The sequence can move the weights: A != 0 somewhere (GRPO without KL/entropy: A = 0 on every token gives
+    min(rho A, clip(rho) A) = 0, no gradient); every sequence otherwise (SFT, PPO's value loss, KL, entropy)."""
+    return not only_pg_term(u.args) or bool(s.adv.any())
+
+
+def trains(u, s):
+    """The sequence runs (pi_old, forward, backward): those with signal. N_B still counts the others."""
+    return has_signal(u, s) or "no-skip-zero-adv" in u.variants
+
+
+def grpo_advantages(rewards, group_ids, use_std=True, eps=ADV_EPS):
     """GRPO, per episode i of group g (its group_id: one task under one harness, sampled G times); population std.
     -> (advantages, share of groups whose rewards are all equal)"""
     r = np.asarray(rewards, dtype=np.float64)
@@ -384,7 +409,7 @@ def grpo_advantages(rewards, group_ids, use_std=True, eps=1e-6):
     for g in dict.fromkeys(group_ids):
         idx = np.array([i for i, gi in enumerate(group_ids) if gi == g])
         centred = r[idx] - r[idx].mean()
-        # A_i = (r_i - mean_g r) / (std_g r + eps)   (--no-std: A_i = r_i - mean_g r)
+        # A_i = (r_i - mean_g r) / (std_g r + eps)   (use_std=False: A_i = r_i - mean_g r)
         adv[idx] = centred / (r[idx].std() + eps) if use_std else centred
         zero_var += bool(np.all(r[idx] == r[idx][0]))
     return adv, zero_var / max(1, len(dict.fromkeys(group_ids)))
@@ -408,24 +433,26 @@ def gae(rewards, values, gamma, lam):
 
 
 def ppo_advantages(seqs, rewards, gamma, lam, whiten=True):
-    """Sets s["adv"], s["ret"]: GAE over each episode's generated tokens, turn after turn, with the
-    terminal reward on its last token; then whitened over the batch unless whiten=False."""
+    """Sets s.adv, s.ret: GAE over each episode's generated tokens, turn after turn, with the terminal reward on its
+    last token; then whitened over the batch unless whiten=False."""
     by_ep = {}
     for s in seqs:
-        by_ep.setdefault(s["ep"], []).append(s)
+        by_ep.setdefault(s.ep, []).append(s)
     for e_idx, ep_seqs in by_ep.items():
-        values = torch.cat([s["old_v"] for s in ep_seqs])  # [T_ep]
+        values = torch.cat([s.old_v for s in ep_seqs])  # [T_ep]
         r = torch.zeros_like(values)  # [T_ep] r_t = 0, but the episode's reward on its last token
         r[-1] = rewards[e_idx]
         a, ret = gae(r, values, gamma, lam)
-        for s, a_s, r_s in zip(ep_seqs, a.split([s["n"] for s in ep_seqs]), ret.split([s["n"] for s in ep_seqs])):
-            s["adv"], s["ret"] = a_s, r_s
-    all_a = torch.cat([s["adv"] for s in seqs])  # [N]
+        sizes = [s.n for s in ep_seqs]
+        for s, a_s, r_s in zip(ep_seqs, a.split(sizes), ret.split(sizes)):
+            s.adv, s.ret = a_s, r_s
+    all_a = torch.cat([s.adv for s in seqs])  # [N]
     if whiten and len(all_a) > 1:
         for s in seqs:  # A <- (A - mean_B A) / (std_B A + 1e-8) over every token of the batch
-            s["adv"] = (s["adv"] - all_a.mean()) / (all_a.std() + 1e-8)
+            s.adv = (s.adv - all_a.mean()) / (all_a.std() + 1e-8)
 
 
+# ------------------------------------------------------------------------------- log-probs of a batch
 TOKEN_FIELDS = ("old_logp", "ref_logp", "old_v", "adv", "ret", "tis_w")  # per generated token, set before the update
 
 
@@ -433,19 +460,19 @@ def collate(seqs, pad_id, device, fields=TOKEN_FIELDS):
     """Right-padded batch. `sel` marks the positions whose *next* token is a completion token: the
     logits there predict y_t, so sel is the mask M_t shifted by one. `fields`: the per-token values the
     sequences carry, concatenated in the same order as the tokens (none when only log-probs are wanted)."""
-    L = max(len(s["ids"]) for s in seqs)
+    L = max(len(s.ids) for s in seqs)
     inp = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
     sel = torch.zeros((len(seqs), L), dtype=torch.bool)  # [B, L]
     for b, s in enumerate(seqs):
-        inp[b, :len(s["ids"])] = torch.tensor(s["ids"])
-        sel[b, :len(s["ids"]) - 1] = torch.tensor(s["mask"][1:], dtype=torch.bool)
+        inp[b, :len(s.ids)] = torch.tensor(s.ids)
+        sel[b, :len(s.ids) - 1] = torch.tensor(s.mask[1:], dtype=torch.bool)
     tgt = inp[:, 1:][sel[:, :-1]]  # [N] the generated tokens y_t, row-major order
-    temp = torch.cat([torch.full((s["n"],), s["temp"]) for s in seqs])  # [N]
+    temp = torch.cat([torch.full((s.n,), s.temp) for s in seqs])  # [N]
     batch = dict(inp=inp.to(device), sel=sel.to(device), tgt=tgt.to(device), temp=temp.to(device),
-                 tokens=sum(len(s["ids"]) for s in seqs))
+                 tokens=sum(len(s.ids) for s in seqs))
     for k in fields:
-        if k in seqs[0]:
-            batch[k] = torch.cat([s[k] for s in seqs]).to(device)  # [N]
+        if getattr(seqs[0], k) is not None:
+            batch[k] = torch.cat([getattr(s, k) for s in seqs]).to(device)  # [N]
     return batch
 
 
@@ -481,7 +508,6 @@ def lm_head(model, h):
     return logits
 
 
-
 def head_logp(model, h, tgt, temp):
     """log pi(y_t | s_t) at temperature for one chunk of hidden states [c, H] -> [c]."""
     logits = lm_head(model, h) / temp[:, None]  # [c, V] fp32, pi(.|s) at the sampling temperature
@@ -501,8 +527,7 @@ def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
     logits and log-softmax exist for one chunk at a time. With gradients and more than one chunk, each chunk is
     checkpointed (its [chunk, V] tensors are freed and recomputed in backward: one more LM-head matmul per chunk), so
     peak memory is bounded by one chunk instead of growing with the micro-batch. Row-wise the same arithmetic as one
-    [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk on the batch's device (the LM head stays fp32).
-    Under --fsdp this function is a registered forward method of the root unit (shard_model)."""
+    [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk on the batch's device (the LM head stays fp32)."""
     with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
         # right padding + causal attention: real tokens never attend to the pads, so no attention mask
         h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
@@ -524,9 +549,9 @@ def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
 
 def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
     """Log-probs (at temperature), entropies (or None) and values of the generated tokens only."""
-    # [distributed] --fsdp: the same function, through the root unit's hooks (shard_model)
-    h, logp, ent = (model.trunk_and_head(batch, amp, entropy, chunk) if FSDP else
-                    trunk_and_head(model, batch, amp, entropy, chunk))
+    # torchrun --fsdp: model.trunk_and_head is the function above, run through the root unit's hooks (distributed.py)
+    run = getattr(model, "trunk_and_head", None) or functools.partial(trunk_and_head, model)
+    h, logp, ent = run(batch, amp, entropy, chunk)
     v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
     return logp, ent, v
 
@@ -539,13 +564,37 @@ def micro_batches(seqs, size=8, tokens=None):
         return [seqs[i:i + size] for i in range(0, len(seqs), size)]
     out, cur, width = [], [], 0
     for s in seqs:
-        w = max(width, len(s["ids"]))
+        w = max(width, len(s.ids))
         if cur and w * (len(cur) + 1) > tokens:
             out.append(cur)
-            cur, w = [], len(s["ids"])
+            cur, w = [], len(s.ids)
         cur.append(s)
         width = w
     return out + [cur] if cur else out
+
+
+@torch.no_grad()
+def sequence_logprobs(u, seqs, desc="log-probs"):
+    """Per sequence, the log-probs [n] of its generated tokens under u.model's current weights, at the sequence's
+    temperature, and with a value head their values [n] (else None). -> (log-probs, values): two lists in the order
+    of `seqs`. Sequences run sorted by length (in file order the padding was 19-25% of the tokens, sorted ~1%)."""
+    u.model.eval()
+    by_length = sorted(seqs, key=lambda s: len(s.ids))
+    run = functools.partial(forward, u.model, u.vhead, amp=u.amp, chunk=u.args.logit_chunk)
+
+    def score(mine):  # {id(sequence): (log-probs, values)} of the sequences this process scores (torchrun: its share)
+        scores, parts = {}, micro_batches(mine, u.args.micro_batch_size, u.args.micro_batch_tokens)
+        filler = lambda: run(collate(by_length[:1], u.pad_id, u.device, fields=()))  # noqa: E731
+        for part in tqdm(dist.padded(parts, filler), desc=desc, total=len(parts), leave=False,
+                         disable=len(parts) <= 4 or dist.rank > 0):
+            logp, _, v = run(collate(part, u.pad_id, u.device, fields=()))
+            sizes = [s.n for s in part]
+            for s, lp, vv in zip(part, logp.split(sizes), v.split(sizes) if v is not None else [None] * len(part)):
+                scores[id(s)] = (lp.float().cpu(), vv.float().cpu() if vv is not None else None)
+        return scores
+    scores = dist.scored(by_length, score, (u.model, u.vhead))
+    u.model.train()
+    return [scores[id(s)][0] for s in seqs], [scores[id(s)][1] for s in seqs]
 
 
 # ---------------------------------------------------------------------------------------- the objective
@@ -564,7 +613,7 @@ def micro_batches(seqs, size=8, tokens=None):
 #   kl      = 1/N_B sum_t exp(d_t) - d_t - 1,  d_t = log pi_ref(y_t | s_t) - log pi_theta(y_t | s_t)
 #               (k3, an estimator of KL(pi_theta || pi_ref))        only where c_kl = --kl-coef is on (GRPO, PPO)
 #   v_loss  = 1/N_B sum_t 0.5 max((V_t - R_t)^2, (V_old,t + clip(V_t - V_old,t, -c, c) - R_t)^2)
-#               R_t: GAE's returns, c = --vf-clip                     only with a value head (PPO), c_v = --vf-coef
+#               R_t: GAE's returns, c = VF_CLIP                       only with a value head (PPO), c_v = VF_COEF
 #   entropy = 1/N_B sum_t H(pi_theta(. | s_t)),  H(p) = -sum_v p_v log p_v          only where c_H = --ent-coef is on
 #
 # All log-probs at the episode's sampling temperature. A term that is off is the number 0 (nothing computed).
@@ -583,11 +632,11 @@ def objective(logp, ent, v, b, args, n_b):
         d = b["ref_logp"] - logp  # [N]
         kl = (torch.exp(d) - d - 1).sum() / n_b
     if v is not None:  # value term (clipped, as PPO's policy term)
-        v_clip = b["old_v"] + (v - b["old_v"]).clamp(-args.vf_clip, args.vf_clip)  # [N]
+        v_clip = b["old_v"] + (v - b["old_v"]).clamp(-VF_CLIP, VF_CLIP)  # [N]
         v_loss = 0.5 * torch.max((v - b["ret"]) ** 2, (v_clip - b["ret"]) ** 2).sum() / n_b
     if ent is not None:  # entropy term (H computed only with --ent-coef)
         entropy = ent.sum() / n_b
-    loss = pg_loss + args.kl_coef * kl + args.vf_coef * v_loss - args.ent_coef * entropy
+    loss = pg_loss + args.kl_coef * kl + VF_COEF * v_loss - args.ent_coef * entropy
     return loss, pg_loss, kl, v_loss, ratio
 
 
@@ -617,132 +666,117 @@ def sampler_of(episodes):
 
 
 def tis_cap_for(args, episodes):
-    """The truncated-IS cap C, or None (off). On by default where another engine sampled: vLLM (bf16 kernels, its
-    own sampler) or any dtype but fp32; off where 05's own fp32 forward did (hf float32) or 04 did not say."""
-    if args.no_tis:
+    """The truncated-IS cap C, or None (off): --tis-cap (0 = off); by default on where another engine sampled: vLLM
+    (bf16 kernels, its own sampler) or any dtype but fp32; off where 05's own fp32 forward did (hf float32) or 04
+    did not say. SFT: none (no pi_old)."""
+    if args.algo == "sft":
         return None
-    if args.tis_cap:
-        return args.tis_cap
+    if args.tis_cap is not None:
+        return args.tis_cap or None
     other = any(isinstance(e["sampler"], dict) and (e["sampler"].get("backend") == "vllm" or
                                                      e["sampler"].get("dtype") not in ("float32", None))
                 for e in episodes)
     return TIS_CAP if other else None
 
 
-@torch.no_grad()
-def sequence_logprobs(model, vhead, seqs, pad_id, device, amp, bs, tokens=None, logit_chunk=LOGIT_CHUNK,
-                      desc="log-probs"):
-    """Per sequence, the log-probs [n] of its generated tokens under the model's current weights, at the sequence's
-    temperature, and with a value head their values [n] (else None). -> (log-probs, values): two lists in the order
-    of `seqs`. Sequences run sorted by length (in file order the padding was 19-25% of the tokens, sorted ~1%)."""
-    model.eval()
-    by_length = sorted(seqs, key=lambda s: len(s["ids"]))
-    mine = shard_by_tokens(by_length) if WORLD > 1 else by_length  # [distributed] each rank scores its share
-    parts = micro_batches(mine, bs, tokens)
-    if FSDP:  # [distributed] the same number of forwards on every rank (FSDP2's gathers); the extra ones are dropped
-        parts += [None] * (int(max(all_sum([len(parts) * (r == RANK) for r in range(WORLD)]))) - len(parts))
-    scores = {}  # id(sequence) -> (log-probs, values)
-    for part in tqdm(parts, desc=desc, leave=False, disable=len(parts) <= 4 or RANK > 0):
-        if part is None:
-            forward(model, vhead, collate(by_length[:1], pad_id, device, fields=()), amp, chunk=logit_chunk)
-            continue
-        logp, _, v = forward(model, vhead, collate(part, pad_id, device, fields=()), amp, chunk=logit_chunk)
-        sizes = [s["n"] for s in part]
-        for s, lp, vv in zip(part, logp.split(sizes), v.split(sizes) if v is not None else [None] * len(part)):
-            scores[id(s)] = (lp.float().cpu(), vv.float().cpu() if vv is not None else None)
-    if WORLD > 1:  # [distributed] ... and every rank receives every rank's scores (a few floats per token)
-        import torch.distributed as dist
-        gathered_scores = [None] * WORLD
-        dist.all_gather_object(gathered_scores, [scores[id(s)] for s in mine])
-        for r, theirs in enumerate(gathered_scores):
-            scores.update((id(s), sc) for s, sc in zip(shard_by_tokens(by_length, rank=r), theirs))
-    if FSDP:  # [distributed] a root unit keeps its weights gathered after forward, until the backward that follows;
-        # none follows here: shard them again (the optimizer must see, and update, the sharded parameters)
-        for m in (model, vhead) if vhead is not None else (model,):
-            m.reshard()
-    model.train()
-    return [scores[id(s)][0] for s in seqs], [scores[id(s)][1] for s in seqs]
+def set_pi_old(u, s, old_logp):
+    """A sequence's pi_old [n], and what is derived from it: the truncated-IS weights (tokens without rollout
+    log-probs weigh 1) and, for a KL to this same policy, pi_ref = pi_old."""
+    s.old_logp = old_logp
+    if u.tis_cap:
+        s.tis_w = tis_weights(old_logp, s.stored_logp, u.tis_cap)
+    if u.same_ref:
+        s.ref_logp = old_logp.clone()
 
 
-def old_from_forward(seqs, logp, device):
-    """pi_old of sequences trained at the rollout's weights (the first minibatch of the first epoch, see
-    old_policy_scores): their own forward's log-probs, detached, and what is derived from pi_old for the others:
-    the truncated-IS weights and, for a KL to this same policy, ref = pi_old. -> the batch's fields."""
-    for s, lp in zip(seqs, logp.split([s["n"] for s in seqs])):
-        s["old_logp"] = lp.float().cpu()
-        cap, ref_is_old = s.pop("old_from_forward")
-        if cap:
-            s["tis_w"] = tis_weights(s["old_logp"], s["stored_logp"], cap)
-        if ref_is_old:
-            s["ref_logp"] = s["old_logp"].clone()
-    return {k: torch.cat([s[k] for s in seqs]).to(device) for k in ("old_logp", "tis_w", "ref_logp") if k in seqs[0]}
+def old_policy_scores(u, episodes, trained, first_minibatch, ref, info):
+    """Sets pi_old (the log-probs under the rollout's weights, this policy, at each episode's temperature), the old
+    values (PPO), the TIS weights and pi_ref (KL) of the trained sequences. The rollout's own log-probs are not used
+    as pi_old (docs/rl-cost.md: not bit-equal even on the hf fp32 path, and vLLM's differ by ~1e-2)."""
+    from transformers import AutoModelForCausalLM
+    info["tis_cap"] = u.tis_cap
+    # The first minibatch's shortcut (GRPO, one process): that minibatch trains at exactly the rollout's weights (no
+    # step yet, dropout off, same sequences and temperature), so its own forward pass IS pi_old: its sequences are
+    # not scored here, micro_step takes pi_old from that forward, detached (its ratio is then 1, as it is, up to
+    # float noise, against a separate pass). On the tiny test model it saves 11% of a 2 epochs x 2 minibatches
+    # GRPO update (docs/rl-cost.md). PPO scores everything (GAE needs the old values before any step); so does
+    # torchrun (a rank would miss the pi_old of sequences another rank ran).
+    shortcut = u.args.algo == "grpo" and dist.world == 1 and "score-all-old" not in u.variants
+    first = {id(s) for s in first_minibatch} if shortcut else set()
+    scored = [s for s in trained if id(s) not in first]
+    info["old_logp_scored"] = len(scored)  # sequences scored apart (the rest: pi_old from the first forward)
+    old_logp, old_v = sequence_logprobs(u, scored, "old log-probs")
+    for s, lp, v in zip(scored, old_logp, old_v):
+        s.old_v = v
+        set_pi_old(u, s, lp)
+    if u.tis_cap:
+        print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {u.tis_cap}) "
+              f"({'--tis-cap' if u.args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
+    if uses_kl(u.args) and not u.same_ref:
+        ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
+        ref_model, _ = dist.placed(ref_model, None, u.device, trunk_and_head)
+        ref_u = dataclasses.replace(u, model=ref_model, vhead=None)
+        for s, lp in zip(trained, sequence_logprobs(ref_u, trained, "ref log-probs")[0]):
+            s.ref_logp = lp
+        del ref_model, ref_u
+
+
+def logprob_mismatch(trained, info, warnings):
+    """Mean |rollout - trainer| log-prob over the tokens that have both (logged; a warning above MISMATCH_WARN)."""
+    stored = torch.cat([s.stored_logp for s in trained])
+    recomp = torch.cat([s.old_logp for s in trained])
+    have = ~torch.isnan(stored)
+    info["logprob_mismatch"] = float((stored[have] - recomp[have]).abs().mean()) if have.any() else None
+    if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
+        warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
+                        "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
+        warn(warnings[-1])
+
+
+def warn(msg):
+    if dist.rank == 0:  # torchrun: one voice
+        print(f"[05] warning: {msg}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------- one minibatch's gradient
-def only_pg_term(args):
-    """GRPO without KL or entropy terms: a sequence whose advantage is 0 everywhere adds exactly 0 to the loss."""
-    return args.algo == "grpo" and not args.kl_coef and not args.ent_coef
-
-
-def skips_zero_adv(args):
-    """Such sequences are not even run (unless --no-skip-zero-adv); N_B still counts them."""
-    return only_pg_term(args) and not args.no_skip_zero_adv
-
-
 LOG_TERMS = ("loss", "pg_loss", "value_loss", "kl", "clip_frac", "approx_kl", "entropy")  # summed over micro-batches
 
 
-def accumulate(model, vhead, seqs, args, pad_id, device, amp):
+def accumulate(u, minibatch):
     """Forward/backward one minibatch in micro-batches; gradients add up to d(loss)/d(theta) of the
     whole minibatch because every micro-batch divides by the minibatch's N_B, not its own. -> its log row."""
-    minibatch = seqs
-    n_b = sum(s["n"] for s in seqs)  # N_B: generated tokens of the whole minibatch
-    if WORLD > 1:  # [distributed] this rank's share, and N_B = the sum of the ranks' counts (each one logged)
-        seqs, n_b, rank_tokens = rank_share(seqs, args)
-    m = dict.fromkeys(LOG_TERMS, 0.0) | dict(tokens=n_b, seq_tokens=0)
-    # the sequences with signal: GRPO without KL/entropy, those with A != 0 (A = 0 on every token gives
-    # min(rho A, clip(rho) A) = 0, no gradient); every sequence otherwise (SFT, PPO's value loss, KL, entropy)
-    signal = [s for s in seqs if s["adv"].any()] if only_pg_term(args) else seqs
-    m["signal_sequences"] = len(signal)  # 0: no optimizer step
-    if skips_zero_adv(args):  # run only those (N_B keeps the others)
-        seqs = signal
-    seqs = sorted(seqs, key=lambda s: len(s["ids"]))  # less padding; the sum does not depend on order
-    micro = micro_batches(seqs, args.micro_batch_size, getattr(args, "micro_batch_tokens", None))
-    if FSDP:  # [distributed] every rank runs as many forward/backward calls as the busiest one (FSDP2's collectives)
-        micro += [None] * (int(max(all_sum([len(micro) * (r == RANK) for r in range(WORLD)]))) - len(micro))
-        filler = min((s for s in minibatch if not skips_zero_adv(args) or s["adv"].any()), key=lambda s: len(s["ids"]),
-                     default=None)  # any sequence that has the scores collate needs (its gradient is multiplied by 0)
-    n_act = max(1, sum(s["n"] for s in seqs))  # the tokens run: clip_frac, approx_kl, entropy average over them
-    if WORLD > 1:  # [distributed] the global counts of tokens run and of sequences with signal: the decision to
-        # skip the optimizer step is about the whole minibatch, never one rank's share (else the ranks drift apart)
-        n_act, signal_count = all_sum([sum(s["n"] for s in seqs), m["signal_sequences"]])
-        n_act, m["signal_sequences"] = max(1, n_act), int(signal_count)
-    for mb in micro:
-        if mb is None:  # [distributed] --fsdp: a zero-weight micro-batch (gathers, then reduces zero gradients)
-            logp, _, v = forward(model, vhead, collate([filler], pad_id, device), amp)
-            (0.0 * (logp.sum() + (v.sum() if v is not None else 0.0))).backward()
-            continue
-        micro_step(model, vhead, mb, args, pad_id, device, amp, n_b, n_act, m)
-    if WORLD > 1:  # [distributed] every term above is over the global N_B / n_act: the ranks' sum is the minibatch's
-        if args.tis_cap:
-            m.setdefault("tis_weight", 0.0)  # the same keys on every rank, even one that ran nothing
-        names = [k for k in m if k not in ("tokens", "signal_sequences")]  # those two are already global
-        m.update(zip(names, all_sum([m[k] for k in names])), tokens=int(n_b), rank_tokens=list(map(int, rank_tokens)))
-        m["seq_tokens"] = int(m["seq_tokens"])
-    if not args.ent_coef:
+    # this process's share (torchrun: balanced by the tokens that will run; skipped sequences cost 0)
+    mine = dist.share(minibatch, cost=lambda s: len(s.ids) if trains(u, s) else 0)
+    # N_B: generated tokens of the whole minibatch, those skipped included (torchrun: the sum of the ranks' counts)
+    n_b, rank_tokens = dist.token_count(sum(s.n for s in mine))
+    run = sorted((s for s in mine if trains(u, s)), key=lambda s: len(s.ids))  # less padding; the sum is the same
+    micro = micro_batches(run, u.args.micro_batch_size, u.args.micro_batch_tokens)
+    # the tokens run (clip_frac, approx_kl, entropy average over them) and the sequences with signal (0: no optimizer
+    # step), over the whole minibatch: torchrun's ranks decide together, else they would drift apart
+    n_act, n_signal = dist.all_sum([sum(s.n for s in run), sum(has_signal(u, s) for s in mine)])
+    n_act = max(1, n_act)
+    m = dict.fromkeys(LOG_TERMS, 0.0) | dict(tokens=n_b, seq_tokens=0, signal_sequences=int(n_signal))
+    filler = lambda: forward(u.model, u.vhead, collate(  # noqa: E731  (torchrun --fsdp: a zero-weight micro-batch)
+        [min((s for s in minibatch if trains(u, s)), key=lambda s: len(s.ids))], u.pad_id, u.device, ()), u.amp)
+    for mb in dist.padded(micro, filler):
+        micro_step(u, mb, n_b, n_act, m)
+    m = dist.summed_log(m, rank_tokens, u.tis_cap)
+    if not u.args.ent_coef:
         m["entropy"] = None
     return m
 
 
-def micro_step(model, vhead, mb, args, pad_id, device, amp, n_b, n_act, m):
+def micro_step(u, mb, n_b, n_act, m):
     """Forward and backward of one micro-batch `mb` (its gradients add to .grad); its share of each logged term
     added to the minibatch's row m."""
-    b = collate(mb, pad_id, device)
-    logp, ent, v = forward(model, vhead, b, amp, entropy=args.ent_coef > 0,
-                           chunk=getattr(args, "logit_chunk", LOGIT_CHUNK))
-    if args.algo != "sft" and "old_logp" not in b:  # the first minibatch at the rollout's weights (old_policy_scores)
-        b.update(old_from_forward(mb, logp.detach(), device))
-    loss, pg_loss, kl, v_loss, ratio = objective(logp, ent, v, b, args, n_b)
+    b = collate(mb, u.pad_id, u.device)
+    logp, ent, v = forward(u.model, u.vhead, b, u.amp, entropy=u.args.ent_coef > 0, chunk=u.args.logit_chunk)
+    if u.args.algo != "sft" and "old_logp" not in b:  # the first minibatch's shortcut (old_policy_scores):
+        for s, lp in zip(mb, logp.detach().split([s.n for s in mb])):  # pi_old is this forward, detached
+            set_pi_old(u, s, lp.float().cpu())
+        b.update({k: torch.cat([getattr(s, k) for s in mb]).to(u.device) for k in ("old_logp", "tis_w", "ref_logp")
+                  if getattr(mb[0], k) is not None})
+    loss, pg_loss, kl, v_loss, ratio = objective(logp, ent, v, b, u.args, n_b)
     loss.backward()
     with torch.no_grad():
         log_ratio = torch.log(ratio)  # log rho_t
@@ -752,11 +786,55 @@ def micro_step(model, vhead, mb, args, pad_id, device, amp, n_b, n_act, m):
         m["pg_loss"] += pg_loss.item()
         m["kl"] += float(kl)
         m["value_loss"] += float(v_loss)
-        m["clip_frac"] += ((ratio - 1).abs() > args.clip_eps).sum().item() / n_act
+        m["clip_frac"] += ((ratio - 1).abs() > u.args.clip_eps).sum().item() / n_act
         m["approx_kl"] += ((ratio - 1) - log_ratio).sum().item() / n_act  # k3 of KL(old || new)
         if ent is not None:  # only with --ent-coef (the [N, V] work it takes is not spent for the log alone)
             m["entropy"] += ent.sum().item() / n_act
         m["seq_tokens"] += b["tokens"]
+
+
+def optimizer_step(u, opt, m):
+    """theta <- AdamW(theta, clip(g)) with the minibatch's accumulated gradient g, clipped per parameter group to
+    --max-grad-norm; then the gradients are cleared. No signal, no step: with zero gradients AdamW would still move
+    every weight by its momentum (lr * m_hat / (sqrt(v_hat) + eps), about lr per parameter) and decay it; the state
+    stays untouched too. -> each parameter group's gradient norm before clipping (0 without a step)"""
+    m["optimizer_step"] = m["signal_sequences"] > 0
+    norms = [0.0] * len(opt.param_groups)
+    if m["optimizer_step"]:
+        # torchrun: sum the ranks' gradients first, so that the clipping below sees the norm of the full gradient
+        dist.reduce_gradients([p for g in opt.param_groups for p in g["params"]])
+        norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], u.args.max_grad_norm)) for g in opt.param_groups]
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return norms
+
+
+def update(u, opt, epochs, trained, info, warnings):
+    """Epochs x minibatches, each minibatch one AdamW step on the gradient accumulated over its micro-batches.
+    -> the log, one row per minibatch"""
+    log, total = [], sum(len(e) for e in epochs)
+    bar = tqdm(total=total, desc=f"05 {u.args.algo}", disable=total < 5 or dist.rank > 0)
+    for epoch, minibatches in enumerate(epochs):
+        for minibatch in minibatches:
+            ts = time.time()
+            m = accumulate(u, minibatch)
+            if u.args.algo != "sft" and trained and "logprob_mismatch" not in info:  # every pi_old is known now
+                logprob_mismatch(trained, info, warnings)
+            norms = optimizer_step(u, opt, m)
+            dt = time.time() - ts
+            m.update(step=len(log), epoch=epoch, grad_norm=math.hypot(*norms), pg_grad_norm=norms[0],
+                     reward_mean=info["reward_mean"], tokens_per_s=m["seq_tokens"] / dt, step_s=dt)
+            m.update({k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences", "tis_cap")
+                      if k in info})
+            if u.args.algo == "ppo":
+                m["vf_grad_norm"] = norms[1]
+            else:
+                m.pop("value_loss")
+            log.append(m)
+            bar.update()
+            bar.set_postfix(loss=f"{m['loss']:.4f}")
+    bar.close()
+    return log
 
 
 # -------------------------------------------------------------------------- the stage's steps, in order
@@ -766,8 +844,7 @@ def load_policy(args, policy, device, probe_ids):
     -> (tok, model, vhead or None, pad_id)"""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(policy)
-    # [distributed] --fsdp: the full model stays on the CPU; shard_model below moves each rank's shards to its GPU
-    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).to("cpu" if FSDP else device)
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)  # on the CPU until placed below
     train_mode(model, grad_ckpt=device == "cuda")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     vhead = None
@@ -778,10 +855,8 @@ def load_policy(args, policy, device, probe_ids):
         if (policy / "value_head.pt").is_file():
             vhead.load_state_dict(torch.load(policy / "value_head.pt", map_location=device))
     check_head(model, probe_ids, policy)
-    if FSDP:  # [distributed] shard the policy (per decoder layer + root) and the value head over the ranks
-        from torch.distributed.fsdp import fully_shard
-        shard_model(model)
-        vhead = sum_gradients(fully_shard(vhead)) if vhead is not None else None  # its own root unit
+    # on the device (torchrun --fsdp: sharded over the ranks, per decoder layer + root, the value head its own root)
+    model, vhead = dist.placed(model, vhead, device, trunk_and_head)
     return tok, model, vhead, pad_id
 
 
@@ -794,87 +869,28 @@ def minibatch_size(args, n):
     return 32 if args.algo == "sft" else math.ceil(n / 2)
 
 
-def prepare_batch(args, model, vhead, episodes, seqs, ref, same_ref, pad_id, device, amp, shuffle_gen):
+def prepare_batch(u, episodes, seqs, ref, shuffle_gen):
     """Before any step: the advantages (GRPO: per episode; PPO: GAE per token, after the old values), the sequences
-    that will run, and for RL pi_old (+ TIS weights, ref log-probs). -> (active sequences, minibatch size, info)"""
+    that train, the minibatches and, for RL, pi_old (+ TIS weights, ref log-probs).
+    -> (epochs: [[minibatch: [sequence]]], trained sequences, info)"""
     rewards = [e["reward"] for e in episodes]
     info = dict(episodes=len(episodes), sequences=len(seqs), turns=sum(len(e["turns"]) for e in episodes),
-                gen_tokens=sum(s["n"] for s in seqs), reward_mean=float(np.mean(rewards)))
-    if args.algo == "grpo":
-        adv, info["zero_var_group_share"] = grpo_advantages(rewards, [e["group"] for e in episodes],
-                                                            not args.no_std, args.adv_eps)
+                gen_tokens=sum(s.n for s in seqs), reward_mean=float(np.mean(rewards)))
+    if u.args.algo == "grpo":
+        adv, info["zero_var_group_share"] = grpo_advantages(rewards, [e["group"] for e in episodes])
         for s in seqs:  # every generated token of an episode shares its advantage
-            s["adv"] = torch.full((s["n"],), float(adv[s["ep"]]))
-    # the sequences that carry a gradient (GRPO: equal-reward groups have A = 0 and are skipped, see accumulate)
-    active = [s for s in seqs if s["adv"].any()] if skips_zero_adv(args) else seqs
-    info["trained_sequences"] = len(active)
-    mb_size = minibatch_size(args, len(seqs))
-    if args.algo != "sft" and active:
-        old_policy_scores(args, model, vhead, episodes, seqs, active, info, ref, same_ref, mb_size,
-                          pad_id, device, amp, shuffle_gen)
-    if args.algo == "ppo":  # GAE needs the old values scored above
-        ppo_advantages(seqs, rewards, args.gamma, args.lam, whiten=not args.no_norm_adv)
-    return active, mb_size, info
-
-
-def old_policy_scores(args, model, vhead, episodes, seqs, active, info, ref, same_ref, mb_size, pad_id, device, amp,
-                      shuffle_gen):
-    """Sets s["old_logp"] (pi_old: the log-probs under the rollout's weights, this policy, at each episode's
-    temperature), s["old_v"] (PPO), s["tis_w"] (truncated IS) and s["ref_logp"] (KL) of the active sequences.
-    No work done twice: the first minibatch of the first epoch is trained at exactly those weights (no step yet,
-    dropout off, same sequences and temperature), so its own forward pass IS pi_old: under GRPO its sequences are
-    not scored here, accumulate takes pi_old from that forward, detached (its ratio is then 1, as it is, up to float
-    noise, against a separate pass), and the TIS weights and a KL reference equal to this policy with it. PPO scores
-    everything (GAE needs the old values before any step); so does torchrun (a rank would miss the pi_old of
-    sequences another rank ran); the rollout's own log-probs are not used as pi_old (docs/rl-cost.md: not bit-equal
-    even on the hf fp32 path, and vLLM's differ by ~1e-2)."""
-    from transformers import AutoModelForCausalLM
-    info["tis_cap"] = cap = tis_cap_for(args, episodes)
-    first = set()
-    if args.algo == "grpo" and WORLD == 1 and not args.score_all_old:
-        state = shuffle_gen.get_state()  # the first epoch's order, drawn again in update from the same state
-        first = set(torch.randperm(len(seqs), generator=shuffle_gen)[:mb_size].tolist())
-        shuffle_gen.set_state(state)
-    runs = {id(s) for s in active}
-    for k, s in enumerate(seqs):
-        if k in first and id(s) in runs:
-            s["old_from_forward"] = (cap, same_ref)
-    scored = [s for s in active if "old_from_forward" not in s]
-    info["old_logp_scored"] = len(scored)  # sequences scored apart (the rest: pi_old from the first forward)
-    old_logp, old_v = sequence_logprobs(model, vhead, scored, pad_id, device, amp, args.micro_batch_size,
-                                        args.micro_batch_tokens, args.logit_chunk, "old log-probs")
-    for s, lp, v in zip(scored, old_logp, old_v):
-        s["old_logp"] = lp
-        if v is not None:
-            s["old_v"] = v
-        if cap:  # tokens without rollout log-probs weigh 1
-            s["tis_w"] = tis_weights(lp, s["stored_logp"], cap)
-        if same_ref:
-            s["ref_logp"] = lp.clone()
-    if cap and RANK == 0:
-        print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {cap}) "
-              f"({'--tis-cap' if args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
-    if uses_kl(args) and not same_ref:
-        ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
-        ref_model = shard_model(ref_model) if FSDP else ref_model.to(device)  # [distributed] --fsdp: sharded too
-        ref_logp, _ = sequence_logprobs(ref_model, None, active, pad_id, device, amp, args.micro_batch_size,
-                                        args.micro_batch_tokens, args.logit_chunk, "ref log-probs")
-        for s, lp in zip(active, ref_logp):
-            s["ref_logp"] = lp
-        del ref_model
-
-
-def logprob_mismatch(active, info, warnings):
-    """Mean |rollout - trainer| log-prob over the tokens that have both (logged; a warning above MISMATCH_WARN)."""
-    stored = torch.cat([s["stored_logp"] for s in active])
-    recomp = torch.cat([s["old_logp"] for s in active])
-    have = ~torch.isnan(stored)
-    info["logprob_mismatch"] = float((stored[have] - recomp[have]).abs().mean()) if have.any() else None
-    if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
-        warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
-                        "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
-        if RANK == 0:
-            print(f"[05] warning: {warnings[-1]}", file=sys.stderr)
+            s.adv = torch.full((s.n,), float(adv[s.ep]))
+    trained = [s for s in seqs if trains(u, s)]  # GRPO: equal-reward groups have A = 0 and do not run
+    info["trained_sequences"] = len(trained)
+    # the minibatches: a fresh random order each epoch, drawn from the update's own generator
+    size = minibatch_size(u.args, len(seqs))
+    orders = [torch.randperm(len(seqs), generator=shuffle_gen).tolist() for _ in range(u.args.epochs)]
+    epochs = [[[seqs[k] for k in order[j:j + size]] for j in range(0, len(seqs), size)] for order in orders]
+    if u.args.algo != "sft" and trained:
+        old_policy_scores(u, episodes, trained, epochs[0][0], ref, info)
+    if u.args.algo == "ppo":  # GAE needs the old values scored above
+        ppo_advantages(seqs, rewards, GAMMA, u.args.lam, whiten="no-norm-adv" not in u.variants)
+    return epochs, trained, info
 
 
 def make_optimizer(args, model, vhead, policy, info):
@@ -882,14 +898,13 @@ def make_optimizer(args, model, vhead, policy, info):
     carried over from the policy folder's optimizer.pt where that fits. -> (opt, the parameter groups' shapes)"""
     param_groups = [dict(params=list(model.parameters()), lr=args.lr)]
     if vhead is not None:
-        param_groups.append(dict(params=list(vhead.parameters()), lr=args.vf_lr or 10 * args.lr))
+        param_groups.append(dict(params=list(vhead.parameters()), lr=VF_LR_FACTOR * args.lr))
     opt = torch.optim.AdamW(param_groups, lr=args.lr, weight_decay=args.weight_decay)
     shapes = [[list(p.shape) for p in g["params"]] for g in param_groups]
     info["optimizer_state"] = ("fresh AdamW state (--no-optimizer-state)" if args.no_optimizer_state else
                                load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes))
     print(f"[05] optimizer: {info['optimizer_state']}")
     return opt, shapes
-
 
 
 def load_optimizer(opt, path, algo, shapes):
@@ -900,353 +915,97 @@ def load_optimizer(opt, path, algo, shapes):
     if saved.get("algo") != algo or saved.get("shapes") != shapes:  # e.g. SFT -> RL, GRPO -> PPO (value head)
         return f"fresh AdamW state ({path} was saved by --algo {saved.get('algo')}, other parameter groups)"
     hyper = [(g["lr"], g["weight_decay"]) for g in opt.param_groups]
-    if FSDP:  # [distributed] the file holds full moments (whoever wrote it): each rank keeps its shard of each
-        from torch.distributed.tensor import distribute_tensor
-        params = [p for g in opt.param_groups for p in g["params"]]
-        for i, st in saved["state"]["state"].items():
-            for k, v in st.items():
-                if k != "step":  # every rank read the same file: each cuts its own shard, no communication
-                    p = params[i]
-                    st[k] = distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
-    opt.load_state_dict(saved["state"])  # moved to each parameter's device; this run's lr replaces the saved one
+    # moved to each parameter's device (torchrun --fsdp: each rank keeps its shard); this run's lr replaces the saved
+    opt.load_state_dict(dist.my_shards(saved["state"], opt))
     for g, (lr, wd) in zip(opt.param_groups, hyper):
         g["lr"], g["weight_decay"] = lr, wd
     steps = int(next(iter(opt.state.values()))["step"]) if opt.state else 0  # 0: saved by an update with no step
     return f"AdamW state loaded from {path} ({steps} steps so far)"
 
 
-def update(args, model, vhead, opt, seqs, active, info, warnings, mb_size, pad_id, device, amp, shuffle_gen):
-    """Epochs x minibatches (a fresh random order each epoch), each minibatch one AdamW step on the gradient
-    accumulated over its micro-batches. -> the log, one row per minibatch"""
-    n_mb = math.ceil(len(seqs) / mb_size)
-    log = []
-    bar = tqdm(total=args.epochs * n_mb, desc=f"05 {args.algo}", disable=args.epochs * n_mb < 5 or RANK > 0)
-    for epoch in range(args.epochs):
-        order = torch.randperm(len(seqs), generator=shuffle_gen).tolist()
-        for j in range(n_mb):
-            ts = time.time()
-            m = accumulate(model, vhead, [seqs[k] for k in order[j * mb_size:(j + 1) * mb_size]],
-                           args, pad_id, device, amp)
-            if args.algo != "sft" and active and "logprob_mismatch" not in info:  # every pi_old is known now
-                logprob_mismatch(active, info, warnings)
-            norms = optimizer_step(args, opt, m)
-            dt = time.time() - ts
-            m.update(step=len(log), epoch=epoch, grad_norm=math.hypot(*norms), pg_grad_norm=norms[0],
-                     reward_mean=info["reward_mean"], tokens_per_s=m["seq_tokens"] / dt, step_s=dt)
-            m.update({k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences", "tis_cap")
-                      if k in info})
-            if args.algo == "ppo":
-                m["vf_grad_norm"] = norms[1]
-            else:
-                m.pop("value_loss")
-            log.append(m)
-            bar.update()
-            bar.set_postfix(loss=f"{m['loss']:.4f}")
-    bar.close()
-    return log
-
-
-def optimizer_step(args, opt, m):
-    """theta <- AdamW(theta, clip(g)) with the minibatch's accumulated gradient g, clipped per parameter group to
-    --max-grad-norm; then the gradients are cleared. No signal, no step: with zero gradients AdamW would still move
-    every weight by its momentum (lr * m_hat / (sqrt(v_hat) + eps), about lr per parameter) and decay it; the state
-    stays untouched too. -> each parameter group's gradient norm before clipping (0 without a step)"""
-    m["optimizer_step"] = m["signal_sequences"] > 0
-    norms = [0.0] * len(opt.param_groups)
-    if m["optimizer_step"]:
-        # [distributed] sum the ranks' gradients (FSDP2 has already: sum_gradients): clip_grad_norm_ below
-        # then sees the global norm (FSDP2's sharded DTensor gradients: the norm of the full gradient)
-        if WORLD > 1 and not FSDP:
-            all_reduce_grads([p for g in opt.param_groups for p in g["params"]], naive=args.naive_local_nb)
-        norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], args.max_grad_norm)) for g in opt.param_groups]
-        opt.step()
-    opt.zero_grad(set_to_none=True)
-    return norms
-
-
 def save(args, model, vhead, tok, opt, shapes, log, config):
     """Checkpoint to <out>.tmp, the log and the config beside it, then <out>.tmp -> <out> last: its presence means
-    the stage finished. [distributed] rank 0 alone writes (the others return False); --fsdp: the gathered weights."""
+    the stage finished. -> False on torchrun's ranks > 0, which write nothing."""
     out = Path(config["out"])
-    if FSDP:  # [distributed] the full weights and AdamW state, gathered to rank 0's CPU (every rank takes part)
-        full = dict(model=gathered(model.state_dict(keep_vars=True)),
-                    vhead=gathered(vhead.state_dict(keep_vars=True)) if vhead is not None else None,
-                    opt=None if args.no_optimizer_state else gathered_optimizer_state(opt))
-    if WORLD > 1:  # [distributed] every rank holds the same weights and AdamW state (or, --fsdp, rank 0 holds the
-        # gathered ones): rank 0 alone writes them
-        import torch.distributed as dist
-        dist.barrier()
-        if RANK > 0:
-            dist.destroy_process_group()
-            return False
+    # {model: None (its own state dict), vhead, opt}; torchrun --fsdp: the full ones, gathered on rank 0
+    full = dist.full_state(model, vhead, opt, not args.no_optimizer_state)
+    if not dist.writes():  # torchrun: rank 0 alone writes
+        return False
     tmp = Path(str(out) + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.config.use_cache = True
-    # a plain causal LM (fp32 master weights) + generation_config; [distributed] --fsdp: the gathered weights
-    model.save_pretrained(tmp, state_dict=full["model"] if FSDP else None)
+    model.save_pretrained(tmp, state_dict=full["model"])  # a plain causal LM (fp32 master weights)
     tok.save_pretrained(tmp)
     if vhead is not None:
-        torch.save(full["vhead"] if FSDP else vhead.state_dict(), tmp / "value_head.pt")
+        torch.save(full["vhead"], tmp / "value_head.pt")
     if not args.no_optimizer_state:  # AdamW moments: 2x the fp32 weights on disk
-        torch.save(dict(algo=args.algo, shapes=shapes, state=full["opt"] if FSDP else opt.state_dict()),
-                   tmp / "optimizer.pt")
+        torch.save(dict(algo=args.algo, shapes=shapes, state=full["opt"]), tmp / "optimizer.pt")
     write_atomic(out.parent / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in log))
     write_atomic(out.parent / "05_train_config.json", json.dumps(config, indent=2, default=str))
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    if WORLD > 1:
-        torch.distributed.destroy_process_group()
+    dist.finish()
     return True
-
-
-# ------------------------------------------------------------------- distributed (torchrun; docs/distributed.md)
-# Under `torchrun --nproc_per_node N` every rank loads the same rollouts, builds the same sequences and draws the
-# same minibatch order (same seed); each minibatch is then split over the ranks by tokens. Three things make N ranks
-# give the one-process update: N_B (and every batch-level count of the log) is summed over ranks BEFORE the loss,
-# gradients are SUMMED over ranks (not averaged), and the clipping norm is taken after that sum (the global norm).
-# Run as `python 05_train.py`, WORLD = 1 and none of this runs a collective. RANK, WORLD, FSDP: at the top.
-
-
-def init_distributed(fsdp=False):
-    """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR; gloo on CPU, NCCL on GPUs."""
-    global RANK, WORLD, FSDP
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        if fsdp:  # one process holds the whole model anyway: sharding it over one rank would only add collectives
-            fail("--fsdp shards the model over torchrun's processes: run 05 under torchrun --nproc_per_node N "
-                 "(N >= 2), or drop --fsdp")
-        return
-    import torch.distributed as dist
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" below = this rank's GPU
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    RANK, WORLD, FSDP = dist.get_rank(), dist.get_world_size(), fsdp
-
-
-def all_sum(x):
-    """sum over ranks of a number or a list of numbers (float64, exact for token counts); identity on one process."""
-    if WORLD == 1:
-        return x
-    import torch.distributed as dist
-    t = torch.tensor(x, dtype=torch.float64, device="cuda" if torch.cuda.is_available() else "cpu")
-    dist.all_reduce(t)  # SUM
-    return t.tolist()
-
-
-def shard_by_tokens(seqs, rank=None, world=None, cost=lambda s: len(s["ids"])):
-    """This rank's share of a list of sequences: costliest first onto the least-loaded rank (cost: tokens run by
-    the forward), ties by position, so every rank computes the same split without talking to the others."""
-    rank, world = RANK if rank is None else rank, WORLD if world is None else world
-    load, owner = [0] * world, [0] * len(seqs)
-    for i in sorted(range(len(seqs)), key=lambda i: (-cost(seqs[i]), i)):
-        owner[i] = min(range(world), key=lambda r: (load[r], r))
-        load[owner[i]] += cost(seqs[i])
-    return [s for s, r in zip(seqs, owner) if r == rank]
-
-
-def rank_share(seqs, args):
-    """This rank's share of a minibatch, balanced by the tokens that will run (skipped ones cost 0), and N_B, the
-    generated tokens of the WHOLE minibatch: the sum of the ranks' counts, taken before any loss. -> (share, N_B,
-    each rank's count). --naive-local-nb (tests only): N_B = this rank's own count, the biased port."""
-    seqs = shard_by_tokens(seqs, cost=lambda s: len(s["ids"]) if not skips_zero_adv(args) or s["adv"].any() else 0)
-    n_b = sum(s["n"] for s in seqs)
-    rank_tokens = all_sum([n_b * (r == RANK) for r in range(WORLD)])
-    return seqs, n_b if args.naive_local_nb else sum(rank_tokens), rank_tokens
-
-
-def all_reduce_grads(params, naive=False):
-    """g = sum_r g_r. Each rank divided its loss by the GLOBAL N_B, so
-        sum_r 1/N_B sum_{t in B_r} l_t = 1/N_B sum_{t in B} l_t,
-    the one-process loss, and the sum of the ranks' gradients is the one-process gradient. A plain all-reduce
-    rather than DistributedDataParallel: DDP AVERAGES (1/W sum_r g_r, so the loss would need a factor W), needs every
-    forward to go through its wrapper (05 calls model.base_model and the LM head directly) and the same number of
-    synchronised backwards per rank, while ranks here hold different numbers of micro-batches (or none: a rank
-    without an active sequence sends zeros). What DDP adds is speed (buckets reduced while backward still runs).
-    naive=True (tests only): the biased port, each rank's loss over its own N_B_r, then DDP's mean:
-    1/W sum_r 1/N_B_r sum_{t in B_r} l_t, which weighs a token on a short rank more than one on a long rank."""
-    import torch.distributed as dist
-    for p in params:
-        if p.grad is None:  # a rank that ran no sequence: it still takes part, with zeros
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad)  # SUM over ranks
-        if naive:
-            p.grad /= WORLD
-
-
-# [distributed] --fsdp: FSDP2 keeps 1/W of every weight, gradient and AdamW moment on each rank and gathers a unit's
-# full weights around its forward and backward (a model whose full copy does not fit one GPU). The N_B arithmetic
-# above does not change; four things do:
-# - every forward and backward is a collective, so every rank runs the same number of them: a rank with fewer
-#   micro-batches (or none) runs zero-weight ones (accumulate, sequence_logprobs);
-# - FSDP2 reduces each gradient to its MEAN over ranks; 05 needs the SUM (sum_gradients);
-# - 05 runs model.base_model and the LM head directly, not model.forward: both run inside trunk_and_head, registered
-#   as a forward method of the root unit, which owns the embeddings, the final norm and the tied LM head;
-# - the checkpoint and optimizer.pt are gathered to rank 0 and written in the one-process format (gathered).
-def shard_model(model):
-    """FSDP2 in place: one unit per decoder layer (the classes transformers never splits, `_no_split_modules`), then
-    the root unit with what is left (embeddings, final norm, the LM head tied to the embeddings)."""
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
-    for m in model.modules():
-        if type(m).__name__ in (model._no_split_modules or []):
-            fully_shard(m)
-    fully_shard(model)
-    model.trunk_and_head = types.MethodType(trunk_and_head, model)
-    register_fsdp_forward_method(model, "trunk_and_head")  # the root's weights are gathered around it, as around forward
-    return sum_gradients(model)
-
-
-def sum_gradients(module):
-    """FSDP2 reduce-scatters a gradient as 1/W sum_r g_r. Each rank's loss is already over the GLOBAL N_B, so the
-    one-process gradient is the plain sum (all_reduce_grads): divide factor 1, done as a SUM reduction (gloo has no
-    PREMUL_SUM). The alternative, the loss times W and FSDP2's mean, gives the same W * 1/W."""
-    from torch.distributed.fsdp import FSDPModule
-    for m in module.modules():
-        if isinstance(m, FSDPModule):
-            m.set_gradient_divide_factor(1.0)
-            m.set_force_sum_reduction_for_comms(True)
-    return module
-
-
-@torch.no_grad()
-def gathered(tensors):
-    """{name: full CPU copy on rank 0, None elsewhere} of a dict of DTensor shards (a collective: every rank calls it
-    in the same order). A tensor under two names (the tied LM head) stays one tensor, as save_pretrained expects."""
-    from torch.distributed.tensor import DTensor
-    out, full = {}, {}
-    for k, v in tensors.items():
-        if id(v) not in full:
-            t = v.full_tensor() if isinstance(v, DTensor) else v
-            full[id(v)] = t.detach().cpu() if RANK == 0 else None
-        out[k] = full[id(v)]
-    return out
-
-
-def gathered_optimizer_state(opt):
-    """AdamW's state_dict() with full moments (integer parameter ids, like the one-process optimizer.pt)."""
-    sd = opt.state_dict()
-    return dict(sd, state={i: gathered(st) for i, st in sorted(sd["state"].items())})
-
-
-# ---------------------------------------------------------------------------------- one writer per output
-LOCK_ENV = "HARNESS_SCALING_LOCKS"  # the lock files held by the processes that started this one: path=pid;...
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-@contextlib.contextmanager
-def locked(path):
-    """Hold the lock file `path` (os.open O_CREAT|O_EXCL; it holds our pid and command) while the block runs. A
-    second writer prints who holds it and exits 2; a lock whose pid is dead is stale and taken over; a lock held
-    by the process that started this one (the pipeline, 06 calling 04) is ours. On exit the lock goes, and so do
-    the folders made for it if they stayed empty: bad input leaves nothing behind."""
-    path = Path(path).resolve()
-    made = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    inherited = dict(x.rsplit("=", 1) for x in os.environ.get(LOCK_ENV, "").split(os.pathsep) if "=" in x)
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
-        except FileExistsError:
-            try:
-                holder = json.loads(path.read_text())
-                pid = int(holder["pid"])
-            except (OSError, ValueError, KeyError, TypeError):  # being written this instant, or garbage
-                holder, pid = {}, None
-            if pid is not None and inherited.get(str(path)) == str(pid):
-                yield  # our parent holds it
-                return
-            if pid is not None and pid_alive(pid) or pid is None and path.exists() and \
-                    time.time() - path.stat().st_mtime < 5:
-                print(f"error: {path} is held by pid {pid} ({holder.get('command', '?')}); wait for it to finish, or "
-                      "stop it (a lock whose process is gone is taken over)", file=sys.stderr)
-                raise SystemExit(2)
-            path.unlink(missing_ok=True)  # stale: its process is gone
-    with os.fdopen(fd, "w") as f:
-        json.dump({"pid": os.getpid(), "command": " ".join(sys.argv)}, f)
-    before = os.environ.get(LOCK_ENV)
-    os.environ[LOCK_ENV] = os.pathsep.join(filter(None, [before, f"{path}={os.getpid()}"]))
-    term = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # SIGTERM unwinds (finally runs), like Ctrl-C
-    try:
-        yield
-    finally:
-        if threading.current_thread() is threading.main_thread() and term == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, term)
-        if before is None:
-            os.environ.pop(LOCK_ENV, None)
-        else:
-            os.environ[LOCK_ENV] = before
-        path.unlink(missing_ok=True)
-        for p in made:  # deepest first
-            if p.is_dir() and not any(p.iterdir()):
-                p.rmdir()
 
 
 # -------------------------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
     out = args.out or (Path(args.run) / f"iter_{args.iteration:03d}" / "policy" if args.iteration is not None else None)
-    rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 writes, so only it holds the lock
-    with locked(Path(str(out) + ".lock")) if out and rank0 else contextlib.nullcontext():  # <out>.lock
+    # <out>.lock: one writer per output (under torchrun only rank 0 writes, so only it holds the lock)
+    with locked(Path(str(out) + ".lock")) if out and dist.rank == 0 else contextlib.nullcontext():
         return run_stage(args)
 
 
 def run_stage(args):
-    """The stage in its steps: check the inputs, prepare the batch, update, save. -> the summary (None on ranks > 0)"""
-    # ---- input checking: the flags, the paths, every rollout record
+    """The stage in its steps. -> the summary (None on torchrun's ranks > 0)"""
+    # ---- flags and inputs: the flags, the paths, every rollout record
     check_flags(args)
-    init_distributed(args.fsdp)  # [distributed] under torchrun: join the process group (no-op for `python 05_train.py`)
-    if RANK > 0:  # [distributed] one voice: only rank 0 prints to stdout (errors and tqdm go to stderr)
-        sys.stdout = open(os.devnull, "w")
+    variants = variants_from_env()
+    dist.init(args.fsdp, "naive-local-nb" in variants)  # torchrun: join the process group
     policy, rollouts, out, ref, episodes, warnings = check_inputs(args)
-    same_ref = uses_kl(args) and ref.resolve() == policy.resolve()
-
-    # ---- the algorithm. Seeding: python, numpy, torch (CPU + CUDA); the minibatch shuffles use their own generator
+    # ---- seeding: python, numpy, torch (CPU + CUDA); the minibatch order has its own generator
     seed_everything(args.seed)
     shuffle_gen = torch.Generator().manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     # GPU: gradient checkpointing, and bf16 autocast (fp32 LM head) where the GPU has bf16; fp32 on T4/V100 and, by
-    # default, on the CPU (--amp bf16 turns it on there)
-    # (fp16 autocast would need loss scaling, which this file does not implement)
+    # default, on the CPU (--amp bf16 turns it on there). fp16 would need loss scaling, which 05 does not implement.
     amp = (device == "cuda" and torch.cuda.is_bf16_supported()) if args.amp == "auto" else args.amp == "bf16"
     if amp and device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         print("[05] warning: --amp bf16 on a CPU without native bf16 (AVX512-BF16 / AMX): emulated, slower than fp32")
-    seqs = build_sequences(episodes, merge=not args.no_merge_turns)
-    tok, model, vhead, pad_id = load_policy(args, policy, device, seqs[0]["ids"])
+    # ---- load the policy; the sequences
+    probe = next(p + c for e in episodes for p, c, _ in e["turns"] if c)
+    tok, model, vhead, pad_id = load_policy(args, policy, device, probe)
+    seqs = build_sequences(episodes, merge="no-merge-turns" not in variants)
+    u = Context(args, model, vhead, pad_id, device, amp, tis_cap=tis_cap_for(args, episodes),
+                same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), variants=variants)
+    # ---- advantages, minibatches, pi_old
     t0 = time.time()
-    active, mb_size, info = prepare_batch(args, model, vhead, episodes, seqs, ref, same_ref, pad_id, device, amp,
-                                          shuffle_gen)
+    epochs, trained, info = prepare_batch(u, episodes, seqs, ref, shuffle_gen)
     prep_s = time.time() - t0
-    for w in warnings if RANK == 0 else []:
-        print(f"[05] warning: {w}", file=sys.stderr)
+    for w in warnings:
+        warn(w)
+    # ---- the update loop
     opt, shapes = make_optimizer(args, model, vhead, policy, info)
     t_update = time.time()
-    log = update(args, model, vhead, opt, seqs, active, info, warnings, mb_size, pad_id, device, amp, shuffle_gen)
+    log = update(u, opt, epochs, trained, info, warnings)
     update_s = time.time() - t_update
     info["optimizer_steps"] = sum(r["optimizer_step"] for r in log)
-    if not info["optimizer_steps"] and RANK == 0:
+    if not info["optimizer_steps"]:
         print("[05] no optimizer step: no minibatch had a sequence with signal (every GRPO group reward-equal); "
               "the policy is written unchanged")
     check_finite(model, vhead, log)  # input checking's last guard: a non-finite policy is never written
-
     # ---- save
     summary = dict(info, steps=len(log), prep_s=prep_s, update_s=update_s, device=device, bf16_autocast=amp,
                    first_loss=log[0]["loss"], last_loss=log[-1]["loss"], warnings=warnings)
     config = dict(args=vars(args), policy=str(policy), rollouts=str(rollouts), out=str(out),
                   ref_policy=str(ref) if uses_kl(args) else None, seed=args.seed, torch=torch.__version__, **summary)
+    if variants:
+        config["test_variants"] = sorted(variants)
     if not save(args, model, vhead, tok, opt, shapes, log, config):
-        return None  # [distributed] ranks > 0
+        return None
     print(f"[05] {args.algo}: {info['episodes']} episodes, {info['sequences']} sequences "
           f"({info['turns']} turns), {info['gen_tokens']} generated tokens, reward mean {info['reward_mean']:.3f}")
     extra = {k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences", "tis_cap")

@@ -18,7 +18,7 @@ def tiny(tiny05):
 def batch_of(model, recs, temp=0.7):
     seqs = T05.build_sequences(as_episodes(recs))
     for s in seqs:
-        s["temp"] = temp
+        s.temp = temp
     return seqs, T05.collate(seqs, 0, "cpu")
 
 
@@ -59,11 +59,11 @@ def test_chunked_loss_equals_todays_formula(tiny):
         for p in model.parameters():
             p.add_(0.02 * torch.randn_like(p))
     for s in seqs:
-        s["tis_w"] = torch.rand(s["n"]) + 0.5
-        s["ref_logp"] = s["old_logp"] - 0.1
+        s.tis_w = torch.rand(s.n) + 0.5
+        s.ref_logp = s.old_logp - 0.1
     args = args_for("--kl-coef", "0.1", "--ent-coef", "0.01", "--micro-batch-size", "2", "--logit-chunk", "3")
-    m = T05.accumulate(model, None, seqs, args, 0, "cpu", False)
-    b = T05.collate(sorted(seqs, key=lambda s: len(s["ids"])), 0, "cpu")
+    m = T05.accumulate(T05.Context(args, model, None, 0, "cpu", False), seqs)
+    b = T05.collate(sorted(seqs, key=lambda s: len(s.ids)), 0, "cpu")
     with torch.no_grad():
         logp, ent = today_forward(model, b)
         n_b = b["tgt"].numel()
@@ -73,14 +73,14 @@ def test_chunked_loss_equals_todays_formula(tiny):
         loss = -surr.sum() / n_b + 0.1 * (torch.exp(d) - d - 1).sum() / n_b - 0.01 * ent.sum() / n_b
     assert m["loss"] == pytest.approx(loss.item(), abs=1e-6)
     assert m["entropy"] == pytest.approx(ent.mean().item(), abs=1e-6)
-    assert T05.accumulate(model, None, seqs, args_for(), 0, "cpu", False)["entropy"] is None  # no term, not computed
+    assert T05.accumulate(T05.Context(args_for(), model, None, 0, "cpu", False), seqs)["entropy"] is None  # no term, not computed
 
 
 def test_micro_batches_by_tokens():
-    seqs = [{"ids": [0] * n} for n in (3, 4, 4, 6, 9, 30)]
+    seqs = [T05.Sequence(ids=[0] * n, mask=[], ep=0, temp=1.0) for n in (3, 4, 4, 6, 9, 30)]
     parts = T05.micro_batches(seqs, tokens=12)
-    assert [len(s["ids"]) for p in parts for s in p] == [3, 4, 4, 6, 9, 30]  # order kept, nothing lost
-    assert all(len(p) * max(len(s["ids"]) for s in p) <= 12 for p in parts[:-1])
+    assert [len(s.ids) for p in parts for s in p] == [3, 4, 4, 6, 9, 30]  # order kept, nothing lost
+    assert all(len(p) * max(len(s.ids) for s in p) <= 12 for p in parts[:-1])
     assert [len(p) for p in parts] == [3, 1, 1, 1]  # 3 x 4 = 12; 6 + 9 would pad to 18; 30 runs alone
     assert [len(p) for p in T05.micro_batches(seqs, size=4)] == [4, 2]
 
@@ -95,7 +95,7 @@ def test_micro_batch_tokens_do_not_change_the_update(tiny, tmp_path):
     for flags in (["--micro-batch-size", "64"], ["--micro-batch-tokens", "1"], ["--micro-batch-tokens", "40"],
                   ["--micro-batch-tokens", "40", "--logit-chunk", "2"]):
         model.zero_grad()
-        T05.accumulate(model, None, seqs, args_for(*flags), 0, "cpu", False)
+        T05.accumulate(T05.Context(args_for(*flags), model, None, 0, "cpu", False), seqs)
         g[" ".join(flags)] = grads(model)
     for k, v in g.items():
         torch.testing.assert_close(v, g["--micro-batch-size 64"], atol=1e-7, rtol=1e-5, msg=k)
@@ -122,20 +122,20 @@ def test_first_minibatch_takes_pi_old_from_its_forward(tiny):
     out = {}
     for how in ("scored", "forward"):
         model = load(tiny)
+        ctx = T05.Context(args, model, None, 0, "cpu", False, tis_cap=2.0, same_ref=True)  # TIS C = 2, ref = pi_old
         seqs = T05.build_sequences(as_episodes(recs))
         for s in seqs:
-            s["adv"] = torch.full((s["n"],), float(adv[s["ep"]]))
+            s.adv = torch.full((s.n,), float(adv[s.ep]))
         if how == "scored":  # before: a separate pass, then TIS weights and ref from it
-            for s, lp in zip(seqs, T05.sequence_logprobs(model, None, seqs, 0, "cpu", False, 4)[0]):
-                s["old_logp"] = lp
+            for s, lp in zip(seqs, T05.sequence_logprobs(T05.Context(args_for("--micro-batch-size", "4"), model, None,
+                                                                     0, "cpu", False), seqs)[0]):
+                s.old_logp = lp
             for s in seqs:
-                s["tis_w"] = torch.exp(s["old_logp"] - s["stored_logp"]).clamp(max=2.0)
-                s["ref_logp"] = s["old_logp"].clone()
-        else:
-            for s in seqs:
-                s["old_from_forward"] = (2.0, True)
-        m = T05.accumulate(model, None, seqs, args, 0, "cpu", False)
-        out[how] = (m, grads(model), torch.cat([s["old_logp"] for s in seqs]), torch.cat([s["tis_w"] for s in seqs]))
+                s.tis_w = torch.exp(s.old_logp - s.stored_logp).clamp(max=2.0)
+                s.ref_logp = s.old_logp.clone()
+        # else: pi_old unknown (old_logp None), as for the first minibatch: accumulate takes it from its forward
+        m = T05.accumulate(ctx, seqs)
+        out[how] = (m, grads(model), torch.cat([s.old_logp for s in seqs]), torch.cat([s.tis_w for s in seqs]))
     (m1, g1, o1, w1), (m2, g2, o2, w2) = out["scored"], out["forward"]
     torch.testing.assert_close(o2, o1, atol=1e-6, rtol=0)
     torch.testing.assert_close(w2, w1, atol=1e-6, rtol=1e-6)
@@ -146,8 +146,9 @@ def test_first_minibatch_takes_pi_old_from_its_forward(tiny):
 
 
 @pytest.mark.parametrize("kl", [False, True, "other-ref"])
-def test_update_equals_the_one_with_every_pi_old_scored(tiny, tmp_path, kl):
-    """Whole update (2 epochs x 2 minibatches): the same log and parameters as with --score-all-old, and the
+def test_update_equals_the_one_with_every_pi_old_scored(tiny, tmp_path, kl, monkeypatch):
+    """Whole update (2 epochs x 2 minibatches): the same log and parameters as with every pi_old scored apart (test
+    variant score-all-old), and the
     config says how many sequences were scored apart. other-ref: a KL to another policy than the one trained (its
     log-probs are scored before the first minibatch, whose pi_old is not known yet: that scoring once crashed)."""
     recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=8, turns=2, seed=9)
@@ -161,10 +162,11 @@ def test_update_equals_the_one_with_every_pi_old_scored(tiny, tmp_path, kl):
         ref.save_pretrained(tmp_path / "ref")
         flags += ["--ref-policy", str(tmp_path / "ref")]
     res = {}
-    for extra in ([], ["--score-all-old"]):
+    for extra in ([], ["score-all-old"]):
         out = tmp_path / ("all" if extra else "reuse") / "policy"
+        monkeypatch.setenv("HARNESS_05_TEST_VARIANTS", ",".join(extra))
         res[bool(extra)] = T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"),
-                                     "--out", str(out), "--lr", "1e-3", "--seed", "1", *extra, *flags])
+                                     "--out", str(out), "--lr", "1e-3", "--seed", "1", *flags])
         res[bool(extra)]["params"] = torch.cat([p.flatten() for p in load(out).parameters()])
         res[bool(extra)]["log"] = [json.loads(x) for x in (out.parent / "train_log.jsonl").read_text().splitlines()]
     before, now = res[True], res[False]

@@ -13,6 +13,7 @@ from conftest import ROOT, load_stage
 from safetensors.torch import load_file
 
 T05 = load_stage("05_train.py")
+DIST = load_stage("distributed.py")  # imported by 05 under torchrun only
 TOL = 0.01  # ||theta_2rank - theta_1proc|| <= 1% of ||theta_1proc - theta_0||
 
 
@@ -42,12 +43,13 @@ def flat(policy):
 
 def launch(argv, mode):
     """05 with argv: mode one (plain `python 05_train.py` code path, in this process), or two gloo ranks under
-    torchrun: two (the default port), naive (--naive-local-nb), fsdp (--fsdp)."""
+    torchrun: two (the default port), naive (test variant naive-local-nb), fsdp (--fsdp)."""
     if mode == "one":
         return T05.main(argv)
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HARNESS_05_TEST_VARIANTS="naive-local-nb" if mode == "naive" else "")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--",
-           str(ROOT / "05_train.py"), *argv] + {"two": [], "naive": ["--naive-local-nb"], "fsdp": ["--fsdp"]}[mode]
+           str(ROOT / "05_train.py"), *argv] + {"two": [], "naive": [], "fsdp": ["--fsdp"]}[mode]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -113,9 +115,10 @@ def test_shard_by_tokens_is_a_balanced_deterministic_partition():
     rng = random.Random(0)
     seqs = [{"ids": [0] * rng.randint(1, 50), "k": i} for i in range(37)]
     for world in (1, 2, 3, 8):
-        parts = [T05.shard_by_tokens(seqs, rank=r, world=world) for r in range(world)]
+        tokens = lambda s: len(s["ids"])  # noqa: E731
+        parts = [DIST.shard_by_tokens(seqs, rank=r, world=world, cost=tokens) for r in range(world)]
         assert sorted(s["k"] for p in parts for s in p) == list(range(37))  # each sequence on exactly one rank
-        assert parts == [T05.shard_by_tokens(seqs, rank=r, world=world) for r in range(world)]  # same on every rank
+        assert parts == [DIST.shard_by_tokens(seqs, rank=r, world=world, cost=tokens) for r in range(world)]  # same on every rank
         load = [sum(len(s["ids"]) for s in p) for p in parts]
         assert max(load) - min(load) <= 50  # greedy longest-first: within one sequence's length
         for p in parts:  # each share keeps the minibatch's order

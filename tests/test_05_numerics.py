@@ -30,7 +30,7 @@ def batch(n=4, vocab=300, seed=0):
     seqs = []
     for _ in range(n):
         p, c = [rng.randrange(3, vocab) for _ in range(rng.randint(5, 12))], [rng.randrange(3, vocab) for _ in range(6)]
-        seqs.append(dict(ids=p + c, mask=[0] * len(p) + [1] * len(c), temp=1.0, n=len(c)))
+        seqs.append(T05.Sequence(ids=p + c, mask=[0] * len(p) + [1] * len(c), ep=0, temp=1.0, n=len(c)))
     return seqs, T05.collate(seqs, 0, "cpu")
 
 
@@ -39,9 +39,9 @@ def full_logp(model, seqs, scale=True):
     out = []
     with torch.no_grad():
         for s in seqs:
-            logits = model(torch.tensor([s["ids"]])).logits[0].float()  # [L, V]
+            logits = model(torch.tensor([s.ids])).logits[0].float()  # [L, V]
             logp = torch.log_softmax(logits, -1)
-            out += [logp[k - 1, s["ids"][k]] for k in range(len(s["ids"])) if s["mask"][k]]
+            out += [logp[k - 1, s.ids[k]] for k in range(len(s.ids)) if s.mask[k]]
     return torch.stack(out)
 
 
@@ -85,7 +85,7 @@ def test_model_specific_logit_scaling_is_applied(kind, extra):
     ref = full_logp(model, seqs)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     assert (plain - ref).abs().max() > 1e-2
-    T05.check_head(model, seqs[0]["ids"], "policy")  # passes: no SystemExit
+    T05.check_head(model, seqs[0].ids, "policy")  # passes: no SystemExit
 
 
 def test_unknown_logit_transformation_is_refused(capsys):
@@ -100,7 +100,7 @@ def test_unknown_logit_transformation_is_refused(capsys):
     model.forward = scaled_forward
     seqs, _ = batch()
     with pytest.raises(SystemExit) as e:
-        T05.check_head(model, seqs[0]["ids"], "some/policy")
+        T05.check_head(model, seqs[0].ids, "some/policy")
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: some/policy: llama's forward applies")
 

@@ -1,5 +1,6 @@
 """Stage 05 maths against independent computations: mask, N_B across micro-batches, GRPO advantages,
 the first-step loss, clipping, GAE, merged turns; plus the CLI (one iteration, bad input)."""
+import dataclasses
 import json
 import random
 
@@ -53,10 +54,11 @@ def grads(model):
 
 
 def prepare(model, seqs, adv_by_ep):
-    for s, lp in zip(seqs, T05.sequence_logprobs(model, None, seqs, 0, "cpu", False, 4)[0]):
-        s["old_logp"] = lp
+    ctx = T05.Context(args_for("--micro-batch-size", "4"), model, None, 0, "cpu", False)
+    for s, lp in zip(seqs, T05.sequence_logprobs(ctx, seqs)[0]):
+        s.old_logp = lp
     for s in seqs:
-        s["adv"] = torch.full((s["n"],), float(adv_by_ep[s["ep"]]))
+        s.adv = torch.full((s.n,), float(adv_by_ep[s.ep]))
     return seqs
 
 
@@ -113,38 +115,39 @@ def test_first_step_gradient_and_mask_against_full_logits(tiny):
     seqs, ref_terms = [], []
     for e in range(4):
         p, c, tool = ([rng.randrange(3, vocab) for _ in range(k)] for k in (5 + e, 2 + 2 * e, 3))
-        seqs.append(dict(ids=p + c + tool, mask=[0] * len(p) + [1] * len(c) + [0] * 3, ep=e, temp=1.0, n=len(c)))
+        seqs.append(T05.Sequence(ids=p + c + tool, mask=[0] * len(p) + [1] * len(c) + [0] * 3, ep=e, temp=1.0,
+                                 n=len(c)))
     adv = [0.5, -1.0, 2.0, 0.25]
     prepare(model, seqs, adv)
-    n_b = sum(s["n"] for s in seqs)
+    n_b = sum(s.n for s in seqs)
     args = args_for("--algo", "grpo", "--micro-batch-size", "3")
     model.zero_grad()
-    m = T05.accumulate(model, None, seqs, args, 0, "cpu", False)
+    m = T05.accumulate(T05.Context(args, model, None, 0, "cpu", False), seqs)
     g_trainer = grads(model)
     assert m["tokens"] == n_b == 2 + 4 + 6 + 8
-    assert m["pg_loss"] == pytest.approx(-sum(a * s["n"] for a, s in zip(adv, seqs)) / n_b, abs=1e-6)
+    assert m["pg_loss"] == pytest.approx(-sum(a * s.n for a, s in zip(adv, seqs)) / n_b, abs=1e-6)
     assert m["clip_frac"] == 0 and abs(m["approx_kl"]) < 1e-7
     # independent: full forward of each sequence alone, positions picked by hand
     model.zero_grad()
     total = 0
     for s, a in zip(seqs, adv):
-        logp = torch.log_softmax(model(torch.tensor([s["ids"]])).logits[0], -1)  # [L, V]
-        for pos in range(len(s["ids"])):
-            if s["mask"][pos]:
-                total = total - a * logp[pos - 1, s["ids"][pos]]
+        logp = torch.log_softmax(model(torch.tensor([s.ids])).logits[0], -1)  # [L, V]
+        for pos in range(len(s.ids)):
+            if s.mask[pos]:
+                total = total - a * logp[pos - 1, s.ids[pos]]
     (total / n_b).backward()
     torch.testing.assert_close(g_trainer, grads(model), atol=1e-6, rtol=1e-4)
     # change the masked tool-output tokens at the end: identical gradient
-    changed = [dict(s, ids=s["ids"][:-3] + [(x + 7) % vocab for x in s["ids"][-3:]]) for s in seqs]
+    changed = [dataclasses.replace(s, ids=s.ids[:-3] + [(x + 7) % vocab for x in s.ids[-3:]]) for s in seqs]
     model.zero_grad()
-    T05.accumulate(model, None, changed, args, 0, "cpu", False)
+    T05.accumulate(T05.Context(args, model, None, 0, "cpu", False), changed)
     torch.testing.assert_close(grads(model), g_trainer, atol=0, rtol=0)
     # ...whereas changing a completion token does change it (the check above can fail)
     s0 = seqs[3]
-    k = s0["mask"].index(1) + 1
-    changed[3] = dict(s0, ids=s0["ids"][:k] + [(s0["ids"][k] + 1) % vocab] + s0["ids"][k + 1:])
+    k = s0.mask.index(1) + 1
+    changed[3] = dataclasses.replace(s0, ids=s0.ids[:k] + [(s0.ids[k] + 1) % vocab] + s0.ids[k + 1:])
     model.zero_grad()
-    T05.accumulate(model, None, changed, args, 0, "cpu", False)
+    T05.accumulate(T05.Context(args, model, None, 0, "cpu", False), changed)
     assert (grads(model) - g_trainer).abs().max() > 1e-6
 
 
@@ -153,8 +156,8 @@ def test_sequences_mask_exactly_the_completions():
     seqs = T05.build_sequences(as_episodes(recs), merge=True)  # not full history: nothing merges
     assert len(seqs) == 9
     for s, t in zip(seqs, [t for r in recs for t in r["model_turns"]]):
-        assert s["ids"] == t["prompt_ids"] + t["completion_ids"]
-        assert s["mask"] == [0] * len(t["prompt_ids"]) + [1] * len(t["completion_ids"])
+        assert s.ids == t["prompt_ids"] + t["completion_ids"]
+        assert s.mask == [0] * len(t["prompt_ids"]) + [1] * len(t["completion_ids"])
         b = T05.collate([s], 0, "cpu")
         assert b["tgt"].tolist() == t["completion_ids"]
 
@@ -178,13 +181,13 @@ def test_micro_batch_size_does_not_change_the_update(tiny, tmp_path):
     g = {}
     for mbs in (1, 3, 64):
         model.zero_grad()
-        T05.accumulate(model, None, seqs, args_for("--micro-batch-size", str(mbs)), 0, "cpu", False)
+        T05.accumulate(T05.Context(args_for("--micro-batch-size", str(mbs)), model, None, 0, "cpu", False), seqs)
         g[mbs] = grads(model)
     torch.testing.assert_close(g[1], g[64], atol=1e-7, rtol=1e-5)
     torch.testing.assert_close(g[3], g[64], atol=1e-7, rtol=1e-5)
     model.zero_grad()
     for s in seqs:  # per-micro-batch normalisation, micro-batch size 1, averaged over micro-batches
-        T05.accumulate(model, None, [s], args_for(), 0, "cpu", False)
+        T05.accumulate(T05.Context(args_for(), model, None, 0, "cpu", False), [s])
     assert (grads(model) / len(seqs) - g[64]).abs().max() > 10 * (g[1] - g[64]).abs().max() + 1e-6
 
 
@@ -194,7 +197,7 @@ def test_merged_and_unmerged_turns_give_the_same_loss(tiny):
     eps = as_episodes(recs)
     merged, single = T05.build_sequences(eps, merge=True), T05.build_sequences(eps, merge=False)
     assert len(merged) == 5 and len(single) == 15
-    assert sum(s["n"] for s in merged) == sum(s["n"] for s in single)
+    assert sum(s.n for s in merged) == sum(s.n for s in single)
     adv = [1.0, -0.5, 0.3, -2.0, 0.7]
     prepare(model, merged, adv)
     prepare(model, single, adv)
@@ -205,19 +208,20 @@ def test_merged_and_unmerged_turns_give_the_same_loss(tiny):
     out = {}
     for name, seqs in (("merged", merged), ("single", single)):
         model.zero_grad()
-        out[name] = (T05.accumulate(model, None, seqs, args, 0, "cpu", False), grads(model))
+        out[name] = (T05.accumulate(T05.Context(args, model, None, 0, "cpu", False), seqs), grads(model))
     assert out["merged"][0]["clip_frac"] > 0  # the clip is active somewhere
     assert out["merged"][0]["loss"] == pytest.approx(out["single"][0]["loss"], abs=1e-6)
     torch.testing.assert_close(out["merged"][1], out["single"][1], atol=1e-6, rtol=1e-4)
 
 
-def test_ppo_first_step_losses_by_hand(tiny, tmp_path):
+def test_ppo_first_step_losses_by_hand(tiny, tmp_path, monkeypatch):
     """Fresh (zero) value head, gamma = 1: V = 0, so A_t = lambda^(T-1-t) R over the episode's tokens
     counted across turns, returns = A; the first-step losses follow by hand."""
     recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=4, turns=2, seed=9)
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    monkeypatch.setenv("HARNESS_05_TEST_VARIANTS", "no-norm-adv")
     T05.main(["--algo", "ppo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"), "--lam", "0.9",
-              "--out", str(tmp_path / "it" / "policy"), "--no-norm-adv", "--ppo-epochs", "1", "--minibatches", "1"])
+              "--out", str(tmp_path / "it" / "policy"), "--ppo-epochs", "1", "--minibatches", "1"])
     n_b = sum(len(t["completion_ids"]) for r in recs for t in r["model_turns"])
     advs = [r["reward"] * 0.9 ** k for r in recs
             for k in range(sum(len(t["completion_ids"]) for t in r["model_turns"]))]
@@ -316,7 +320,7 @@ def test_cli_bad_input_one_error_nothing_written(tiny, tmp_path, case):
         recs[1]["model_turns"][1]["completion_ids"][0] = 10 ** 6
         lines[1] = json.dumps(recs[1])
         roll.write_text("\n".join(lines) + "\n")
-        expect = "line 2: model_turns[1].completion_ids has token id 1000000 outside the policy's vocabulary"
+        expect = ":2: model_turns[1].completion_ids has token id 1000000 outside the policy's vocabulary"
     elif case == "no_policy":
         import shutil
         shutil.rmtree(run / "init_policy")
@@ -324,7 +328,7 @@ def test_cli_bad_input_one_error_nothing_written(tiny, tmp_path, case):
     else:
         lines[2] = lines[2][:40]
         roll.write_text("\n".join(lines) + "\n")
-        expect = "line 3: malformed JSON"
+        expect = ":3: malformed JSON"
     proc = run_stage("05_train.py", "--run", run, "--iteration", 0, check=False)
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip().splitlines()
@@ -430,24 +434,25 @@ def test_ppo_defaults_give_early_tokens_of_a_success_credit():
     lambda 0.95 about 3/4 of them got < 1e-3. Then values in [0, 0.5]: raw and whitened advantages
     against an independent GAE in matrix form, A = U delta with U[t, k] = (gamma lambda)^(k - t), k >= t."""
     args = args_for("--algo", "ppo")
-    assert (args.gamma, args.lam, args.vf_clip, args.vf_lr) == (1.0, 1.0, 0.5, None)
+    assert (T05.GAMMA, args.lam, T05.VF_CLIP, T05.VF_LR_FACTOR) == (1.0, 1.0, 0.5, 10)
     rng = np.random.default_rng(0)
     lengths, rewards = [int(n) for n in rng.integers(300, 701, 64)], [float(e % 2) for e in range(64)]
 
     def episodes(values):
-        return [dict(ep=e, n=len(part), old_v=torch.tensor(values[e][part], dtype=torch.float64))
+        return [T05.Sequence(ids=[], mask=[], ep=e, temp=1.0, n=len(part),
+                             old_v=torch.tensor(values[e][part], dtype=torch.float64))
                 for e, n in enumerate(lengths) for part in np.array_split(np.arange(n), 3)]
 
     def per_episode(seqs):
-        return [torch.cat([s["adv"] for s in seqs if s["ep"] == e]).numpy() for e in range(64)]
+        return [torch.cat([s.adv for s in seqs if s.ep == e]).numpy() for e in range(64)]
 
     zero = episodes([np.zeros(n) for n in lengths])
     low = {}
     for lam in (args.lam, 0.95):
-        T05.ppo_advantages(zero, rewards, args.gamma, lam, whiten=False)
+        T05.ppo_advantages(zero, rewards, T05.GAMMA, lam, whiten=False)
         low[lam] = np.mean(np.concatenate([np.abs(a) < 1e-3 for a, r in zip(per_episode(zero), rewards) if r == 1]))
     assert low[1.0] == 0 and low[0.95] > 0.7
-    T05.ppo_advantages(zero, rewards, args.gamma, args.lam)  # whitened: every token of a success ~ +1
+    T05.ppo_advantages(zero, rewards, T05.GAMMA, args.lam)  # whitened: every token of a success ~ +1
     assert min(a[0] for a, r in zip(per_episode(zero), rewards) if r == 1) > 0.9
 
     values = [rng.uniform(0, 0.5, n) for n in lengths]
@@ -589,9 +594,9 @@ def test_truncated_importance_sampling_by_hand_and_off_by_default(tiny, tmp_path
 
 
 @pytest.mark.parametrize("all_equal", [False, True])
-def test_skipping_zero_advantage_sequences_changes_nothing(tiny, tmp_path, all_equal):
+def test_skipping_zero_advantage_sequences_changes_nothing(tiny, tmp_path, all_equal, monkeypatch):
     """GRPO: equal-reward groups have A = 0, so 05 skips their sequences (old log-probs and forward/backward)
-    while N_B still counts them. The update must equal the one that runs them (--no-skip-zero-adv); a minibatch
+    while N_B still counts them. The update must equal the one that runs them (variant no-skip-zero-adv); a minibatch
     with no signal makes no optimizer step in either (all_equal: the weights stay bit-identical)."""
     recs = random_episodes(load(tiny).config.vocab_size, n=9, seed=41)
     for r in recs:  # groups g0, g1: equal rewards (A = 0); g2: different rewards (all_equal: every group equal)
@@ -600,8 +605,9 @@ def test_skipping_zero_advantage_sequences_changes_nothing(tiny, tmp_path, all_e
     roll = write_recs(tmp_path / "r.jsonl", recs)
     common = ["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(roll), "--ppo-epochs", "2",
               "--minibatches", "3", "--lr", "1e-3", "--weight-decay", "0.1", "--micro-batch-size", "2"]
-    for name, extra in (("skip", []), ("all", ["--no-skip-zero-adv"])):
-        T05.main(common + ["--out", str(tmp_path / name / "p"), *extra])
+    for name, variant in (("skip", ""), ("all", "no-skip-zero-adv")):
+        monkeypatch.setenv("HARNESS_05_TEST_VARIANTS", variant)
+        T05.main(common + ["--out", str(tmp_path / name / "p")])
     cfg = {k: json.loads((tmp_path / k / "05_train_config.json").read_text()) for k in ("skip", "all")}
     assert cfg["all"]["trained_sequences"] == cfg["all"]["sequences"]
     assert cfg["skip"]["trained_sequences"] == (0 if all_equal else 6)  # e2, e5, e8 (group g2) x 2 turns
@@ -648,7 +654,7 @@ def test_no_signal_no_step_through_the_cli(tiny, tmp_path):
 
 def test_truncated_is_on_by_default_where_another_engine_sampled(tiny, tmp_path, capsys):
     """04 stores the sampler in each record: vLLM (or any dtype but fp32) -> TIS with C = 2 by default, printed and
-    logged; hf in float32 (05's own forward) -> off; --no-tis turns it off. The weights are min(exp(offset), 2)."""
+    logged; hf in float32 (05's own forward) -> off; --tis-cap 0 turns it off. The weights are min(exp(offset), 2)."""
     model = load(tiny)
     recs = random_episodes(model.config.vocab_size, n=4, turns=1, seed=31)
     with torch.no_grad():
@@ -662,7 +668,7 @@ def test_truncated_is_on_by_default_where_another_engine_sampled(tiny, tmp_path,
     common = ["--algo", "grpo", "--policy", str(tiny), "--ppo-epochs", "1", "--minibatches", "1"]
     cases = {"vllm": ({"backend": "vllm", "dtype": "bfloat16"}, []), "hf32": ({"backend": "hf", "dtype": "float32"}, []),
              "hf16": ({"backend": "hf", "dtype": "bfloat16"}, []),
-             "off": ({"backend": "vllm", "dtype": "bfloat16"}, ["--no-tis"])}
+             "off": ({"backend": "vllm", "dtype": "bfloat16"}, ["--tis-cap", "0"])}
     got = {}
     for name, (sampler, extra) in cases.items():
         roll = write_recs(tmp_path / f"{name}.jsonl", [dict(r, sampler=sampler, group_id="g") for r in recs])
