@@ -1,7 +1,7 @@
 """gpu_check.py: one run that tries the gpu preset's pieces on one CUDA machine and brings every figure back.
 
     python bench/gpu_check.py --device cuda --out gpu_check.json    # the device run (H200: a few minutes)
-    python bench/gpu_check.py                                       # CPU mode where there is no CUDA (~2 min)
+    python bench/gpu_check.py                                       # CPU mode where there is no CUDA (2-5 min)
 
 Needs torch and transformers only: no vLLM, no network (the children run with HF_HUB_OFFLINE=1). The model is a
 random-weight Qwen2ForCausalLM with Qwen2.5-0.5B-Instruct's exact configuration (`qwen_config`), written with
