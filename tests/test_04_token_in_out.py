@@ -106,7 +106,7 @@ def check_records(tok, records, full_history):
             assert len(seqs) == 1, r["episode_id"]
             assert r["rerendered_turns"] == 0
             s = seqs[0]
-            assert [t for t, m in zip(s["ids"], s["mask"]) if m] == [t for mt in turns for t in mt["completion_ids"]]
+            assert [t for t, m in zip(s.ids, s.mask) if m] == [t for mt in turns for t in mt["completion_ids"]]
         for i in range(1, len(turns)):
             last, mt = turns[i - 1], turns[i]
             k = len(last["prompt_ids"]) + len(last["completion_ids"])
