@@ -43,8 +43,8 @@ from tqdm import tqdm
 
 from generation import BackendError, HFBackend, VLLMBackend, encode, extend_prompt, load_tokenizer, max_positions
 from plumbing import fail, jsonl_text, locked, read_jsonl, safe_text, seed_everything, write_atomic
-from schemas import (CANONICAL_TOOLS as CANONICAL, COMPONENTS, SYNTAXES, load_assignment, load_harness_file,  # noqa: F401
-                     load_tasks, validate_harness)
+from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, load_assignment, load_harness_file, load_tasks
+from schemas import SYNTAXES, validate_harness  # noqa: F401 (SYNTAXES: the T.syntax names PARSERS interprets)
 
 HERE = Path(__file__).resolve().parent  # data/ beside this file: the default tasks, the external harnesses
 TOOL_HELP = {"list_files": "list all files", "read_file": "show a file", "search": "show lines that contain it",
@@ -83,7 +83,7 @@ def parse_args(argv=None):
     engine.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                         help="sampling dtype (auto: bf16 on a GPU with bf16, fp16 on T4/V100; CPU: hf fp32, vllm bf16)")
     engine.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
-                        help="vllm: no compilation / CUDA graphs (default: on for CPU, where start-up is 20 s, not 2 min)")
+                        help="vllm: no compilation / CUDA graphs (default: on for CPU: start-up 20 s, not 2 min)")
     engine.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default: the model's)")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="vllm: share of GPU memory it may use")

@@ -5,6 +5,7 @@ LLM.generate([{"prompt_token_ids": ids}, ...], [SamplingParams(...), ...], use_t
 conversion of RequestOutput.outputs[0].token_ids / .logprobs ([{token_id: Logprob(logprob=...)}, ...])."""
 import argparse
 import json
+import os
 import sys
 import types
 
@@ -73,7 +74,7 @@ def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
     assert fake.llm_kwargs == {"model": str(tiny), "seed": 3, "dtype": "bfloat16", "generation_config": "vllm",
                                "logprobs_mode": "processed_logprobs", "enforce_eager": True,
                                "enable_chunked_prefill": False}  # CPU: seeded requests crash on chunked prefill
-    assert R.os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and R.os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
     results = backend.generate([[1, 2, 3], [4, 5], [4, 5]], turn=2)
     (prompts, params, use_tqdm), = fake.calls
     assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}, {"prompt_token_ids": [4, 5]}]
@@ -137,4 +138,4 @@ def test_vllm_options_on_a_gpu_without_bf16(monkeypatch, tiny, tok):
     assert fake.llm_kwargs == {"model": str(tiny), "seed": 0, "dtype": "float16", "generation_config": "vllm",
                                "logprobs_mode": "processed_logprobs", "enforce_eager": False, "max_model_len": 2048,
                                "gpu_memory_utilization": 0.5}
-    assert "VLLM_CPU_KVCACHE_SPACE" not in R.os.environ
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ

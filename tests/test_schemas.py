@@ -156,7 +156,8 @@ def test_the_default_tasks_are_valid_and_bad_checkers_are_refused(tmp_path, caps
         assert not ok(bad), bad
     t = H.read_tasks()[0]
     H.write_jsonl(tmp_path / "t.jsonl", [t, dict(t, task_id="b", checker={"type": ["x"]})])
-    assert refused(capsys, S.load_tasks, tmp_path / "t.jsonl").startswith(f"{tmp_path / 't.jsonl'}:2: field 'checker' is")
+    msg = refused(capsys, S.load_tasks, tmp_path / "t.jsonl")
+    assert msg.startswith(f"{tmp_path / 't.jsonl'}:2: field 'checker' is")
     H.write_jsonl(tmp_path / "t.jsonl", [t, dict(t, solution=[{"tool": "read_file", "args": {}}])])
     assert "t.jsonl:2: field 'solution' is" in refused(capsys, S.load_tasks, tmp_path / "t.jsonl")
     H.write_jsonl(tmp_path / "t.jsonl", [t, t])
