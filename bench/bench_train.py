@@ -8,7 +8,7 @@ sequences with the same model, in one run; throughput (tokens/s) and peak memory
 Data: synthetic multi-turn GRPO rollouts in the contract's format (full-history turns, so turn k's prompt
 is turn k-1's prompt + completion + a tool output). Rows:
   bare loop        one sequence per turn, model(...).logits on every position, masked NLL, AdamW step
-  trainer no-merge the same sequences through 05_train.py --no-merge-turns (old log-probs pass included)
+  trainer no-merge the same sequences through 05_train.py, HARNESS_05_TEST_VARIANTS=no-merge-turns (old log-probs pass included)
   trainer          05_train.py defaults (full-history turns merged into one sequence per episode)
 Both do the same optimizer steps (epochs x minibatches, micro-batches accumulated). tokens/s counts the
 tokens of the per-turn sequences (the work a naive loop does), so merging shows as a speed-up.
@@ -18,6 +18,7 @@ time is kept. Target: trainer no-merge time <= 1.3 x bare loop.
 import argparse
 import importlib.util
 import json
+import os
 import random
 import resource
 import subprocess
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the repository root, where plumbing.py (imported by 05) is
 
 
 def parse_args(argv=None):
@@ -99,15 +101,15 @@ def run_phase(args):
     recs = [json.loads(x) for x in (work / "rollouts.jsonl").read_text().splitlines()]
     episodes = [dict(turns=[(t["prompt_ids"], t["completion_ids"], None) for t in r["model_turns"]],
                      reward=r["reward"], group=r["group_id"], temp=1.0) for r in recs]
-    per_turn_tokens = sum(len(s["ids"]) for s in t05.build_sequences(episodes, merge=False))
+    per_turn_tokens = sum(len(s.ids) for s in t05.build_sequences(episodes, merge=False))
     tokens = per_turn_tokens * args.ppo_epochs
     if args.phase.startswith("trainer"):
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        flags = [] if args.phase == "trainer-merged" else ["--no-merge-turns"]
+        os.environ["HARNESS_05_TEST_VARIANTS"] = "" if args.phase == "trainer-merged" else "no-merge-turns"
         s = t05.main(["--algo", "grpo", "--policy", str(policy), "--rollouts", str(work / "rollouts.jsonl"),
                       "--out", str(work / args.phase / "policy"), "--ppo-epochs", str(args.ppo_epochs),
                       "--minibatches", str(args.minibatches), "--micro-batch-size", str(args.micro_batch_size),
-                      "--seed", str(args.seed), *flags])
+                      "--seed", str(args.seed)])
         seconds = s["prep_s"] + s["update_s"]  # old log-probs + all optimizer steps; not load / save
         return dict(seconds=seconds, tokens=tokens, peak_mb=peak_memory_mb(torch, device, base), steps=s["steps"],
                     sequences=s["sequences"], prep_s=s["prep_s"])
@@ -130,16 +132,16 @@ def run_phase(args):
     for _ in range(args.ppo_epochs):
         order = torch.randperm(len(seqs), generator=gen).tolist()
         for j in range(0, len(seqs), mb):
-            chunk = sorted((seqs[k] for k in order[j:j + mb]), key=lambda s: len(s["ids"]))
-            n_b = sum(s["n"] for s in chunk)
+            chunk = sorted((seqs[k] for k in order[j:j + mb]), key=lambda s: len(s.ids))
+            n_b = sum(s.n for s in chunk)
             for i in range(0, len(chunk), args.micro_batch_size):
                 micro = chunk[i:i + args.micro_batch_size]
-                L = max(len(s["ids"]) for s in micro)
+                L = max(len(s.ids) for s in micro)
                 inp = torch.zeros((len(micro), L), dtype=torch.long)  # [B, L]
                 mask = torch.zeros((len(micro), L))  # [B, L]
                 for b, s in enumerate(micro):
-                    inp[b, :len(s["ids"])] = torch.tensor(s["ids"])
-                    mask[b, :len(s["ids"])] = torch.tensor(s["mask"], dtype=torch.float)
+                    inp[b, :len(s.ids)] = torch.tensor(s.ids)
+                    mask[b, :len(s.ids)] = torch.tensor(s.mask, dtype=torch.float)
                 inp, mask = inp.to(device), mask.to(device)
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
                     logits = model(input_ids=inp).logits  # [B, L, V] (right padding: no mask needed)

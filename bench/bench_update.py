@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 RUNNER = r'''
-import importlib.util, json, sys, time
+import importlib.util, json, os, sys, time
+sys.path.insert(0, os.getcwd())  # the repository root (cwd), where plumbing.py (imported by 05) is
 path, argv, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 spec = importlib.util.spec_from_file_location("stage05_bench", path)
 mod = importlib.util.module_from_spec(spec)

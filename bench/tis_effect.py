@@ -6,7 +6,7 @@
 1. The token weights: 05's fp32 log-probs of the sampled tokens (pi_old) against vLLM's (pi_rollout), over the
    tokens 05 trains (the sequences of groups with different rewards): |d log p|, w = min(pi_old / pi_rollout, C),
    the share of tokens capped, and how far w moves the tokens with the largest mismatch.
-2. The update: one GRPO update (the small preset's flags) from the same policy with and without --no-tis;
+2. The update: one GRPO update (the small preset's flags) from the same policy with and without --tis-cap 0 (off);
    ||theta_tis - theta_off|| against ||theta_off - theta_0||.
 """
 import argparse
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE / "tests"))
+sys.path[:0] = [str(HERE), str(HERE / "tests")]  # the repository root (05 imports plumbing.py) and conftest
 from conftest import load_stage  # noqa: E402
 
 T05 = load_stage("05_train.py")
@@ -47,11 +47,12 @@ def main():
     episodes = T05.load_episodes(rollouts, "grpo", model.config.vocab_size)
     seqs = T05.build_sequences(episodes)
     adv, _ = T05.grpo_advantages([e["reward"] for e in episodes], [e["group"] for e in episodes])
-    active = [s for s in seqs if adv[s["ep"]] != 0]
-    for s, lp in zip(active, T05.sequence_logprobs(model, None, active, 0, "cpu", False, 4, desc="pi_old")[0]):
-        s["old_logp"] = lp
-    old = torch.cat([s["old_logp"] for s in active])
-    stored = torch.cat([s["stored_logp"] for s in active])
+    active = [s for s in seqs if adv[s.ep] != 0]
+    ctx = T05.Context(T05.parse_args(["--micro-batch-size", "4"]), model, None, 0, "cpu", False)
+    for s, lp in zip(active, T05.sequence_logprobs(ctx, active, desc="pi_old")[0]):
+        s.old_logp = lp
+    old = torch.cat([s.old_logp for s in active])
+    stored = torch.cat([s.stored_logp for s in active])
     have = ~torch.isnan(stored)
     d = (old - stored)[have]  # log pi_old - log pi_rollout
     w = torch.exp(d).clamp(max=T05.TIS_CAP)
@@ -64,7 +65,7 @@ def main():
         lines.append(f"| {name} ({int(sel.sum())}) | {x.abs().mean():.4f} | {y.mean():.4f} | {(y < 0.9).float().mean():.2%} | "
                      f"{(y > 1.1).float().mean():.2%} | {(torch.exp(x) > T05.TIS_CAP).float().mean():.2%} |")
     outs = {}
-    for name, extra in (("tis", []), ("off", ["--no-tis"])):
+    for name, extra in (("tis", []), ("off", ["--tis-cap", "0"])):
         out = Path(f"/tmp/tis_effect/{name}/policy")
         cmd = [sys.executable, str(HERE / "05_train.py"), "--algo", "grpo", "--policy", str(policy), "--rollouts",
                str(rollouts), "--out", str(out), "--lr", args.lr, "--ppo-epochs", "1", "--seed", "0", *extra]
