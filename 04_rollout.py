@@ -249,7 +249,6 @@ def workspace_path(path):
     return path
 
 
-check_path = workspace_path  # its former name (tests/test_hostile_input.py)
 
 
 class Workspace:

@@ -34,8 +34,6 @@ This file imports no stage: it takes 04's environment as plain functions and dat
 the verifier, the argument limit), and the chat template and token-in/token-out rule from generation.py.
 """
 import json
-import sys
-from pathlib import Path
 from typing import Callable, NamedTuple
 
 import smolagents
@@ -46,8 +44,7 @@ from smolagents.memory import ActionStep
 from smolagents.models import get_clean_message_list, tool_role_conversions
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # generation.py, beside this file
-from generation import encode, extend_prompt  # noqa: E402
+from generation import encode, extend_prompt
 
 HARNESS_ID = "X-smolagents"
 FRAMEWORK = f"smolagents {smolagents.__version__}"  # e.g. "smolagents 1.26.0", recorded in every episode

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # 04 imports plumbing.py and generation.py from the repository root
 
 
 def load_04():

@@ -143,8 +143,8 @@ def rollout(vocab, i, **kw):
 
 
 CASES_05 = {  # name -> (change to line 2, extra flags, needles)
-    "reward_nan": (dict(reward=float("nan")), [], ["line 2", "field 'reward'", "finite"]),
-    "reward_inf": (dict(reward=float("inf")), [], ["line 2", "field 'reward'"]),
+    "reward_nan": (dict(reward=float("nan")), [], [":2:", "field 'reward'", "finite"]),
+    "reward_inf": (dict(reward=float("inf")), [], [":2:", "field 'reward'"]),
     "reward_bool": (dict(reward=True), [], ["field 'reward'"]),
     "temperature_hot": (dict(temperature="hot"), [], ["field 'temperature'", "> 0"]),
     "temperature_negative": (dict(temperature=-1), [], ["field 'temperature'", "> 0"]),
@@ -152,7 +152,7 @@ CASES_05 = {  # name -> (change to line 2, extra flags, needles)
     "logprobs_strings": ("logprobs", [], ["model_turns[0].logprobs", "finite number"]),
     "logprobs_nan": ("logprobs_nan", [], ["model_turns[0].logprobs"]),
     "group_id_list": (dict(group_id=["a"]), [], ["field 'group_id'", "a string"]),
-    "duplicate": ("duplicate", [], ["line 2", "repeats line 1"]),
+    "duplicate": ("duplicate", [], [":2:", "repeats line 1"]),
     "missing_reward_grpo": ("no_reward", [], ["field 'reward' missing (needed by --algo grpo)"]),
 }
 
@@ -185,7 +185,7 @@ def test_05_invalid_utf8_and_a_non_finite_policy_are_refused(tiny05, tmp_path, c
     path.write_bytes(json.dumps(rollout(300, 0)).encode() + b"\n\xff\n")
     with pytest.raises(SystemExit) as e:
         T05.main(["--policy", str(tiny05), "--rollouts", str(path), "--out", str(tmp_path / "o" / "policy")])
-    assert e.value.code == 2 and "line 2: invalid UTF-8" in capsys.readouterr().err
+    assert e.value.code == 2 and ":2: invalid UTF-8" in capsys.readouterr().err
     # the last guard: an update that made a weight non-finite is never written (here: a NaN weight by hand)
     import torch
     from transformers import AutoModelForCausalLM

@@ -47,7 +47,7 @@ def test_every_corpus_reply_is_one_safe_step_under_every_syntax(harness):
         obs = ep.messages[-1]["content"] if not ep.done else ""
         assert len(obs) <= 2 * cap + 1200, (reply[:60], len(obs))  # MAX_SHOWN outputs/errors + reminder
         assert is_text(ep.record("p", 1.0)) and is_text(ep.context())
-        assert all(R.check_path(p) == p for p in ep.ws.files) and len(ep.ws.files) <= R.MAX_FILES
+        assert all(R.workspace_path(p) == p for p in ep.ws.files) and len(ep.ws.files) <= R.MAX_FILES
     assert time.perf_counter() - start < 20
 
 
