@@ -8,8 +8,10 @@
         --out runs/toy/eval/heldout.jsonl
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external \
         --harness-file data/example_harness.json --out /tmp/oracle_external.jsonl
-    # a real agent framework as the black box: smolagents' ToolCallingAgent (smolagents_harness.py)
+    # real agent frameworks as black boxes (docs/blackbox.md): smolagents' text mode, smolagents' and pydantic-ai's
+    # agents with the model's own function calling
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses smolagents --out /tmp/smol.jsonl
+    python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses pydantic-ai --out /tmp/pydantic.jsonl
 
 Harness records, tasks and the rollout format: docs/stages.md. S.template and W.rules may use {tool_docs},
 {workflow_rules}, {max_turns}, {submit}. Out-of-space extras (X-shell, X-react: data/external_harnesses.json):
@@ -29,6 +31,7 @@ final workspace and answer, pass/fail (1 when every check passes, else 0; `check
 import argparse
 import ast
 import contextlib
+import importlib
 import json
 import math
 import operator
@@ -71,7 +74,8 @@ def parse_args(argv=None):
     train.add_argument("--group-size", type=int, default=4, help="samples per (task, harness) = GRPO group")
     train.add_argument("--tasks-per-iteration", type=int, default=32, help="tasks per iteration B (0 = all)")
     evaluation.add_argument("--harnesses", default=None,
-                            help="base|train|heldout|heldout:N|all|external|smolagents|id,id,... (ids and external)")
+                            help="base|train|heldout|heldout:N|all|external|id,id,... (ids + external); a framework: "
+                                 "smolagents|smolagents-native|pydantic-ai")
     evaluation.add_argument("--harness-file", action="append", default=[],
                             help="extra harness JSON/JSONL (repeatable): your own out-of-space harnesses")
     evaluation.add_argument("--samples", type=int, default=1, help="samples per (task, harness)")
@@ -803,17 +807,27 @@ def eval_jobs(args, tasks):
     return jobs, Path(args.out)
 
 
-def run_smolagents(args, tasks, policy, backend, tok, positions):
-    """The episodes inside smolagents (smolagents_harness.py beside this file, imported only when asked for). The
-    bridge gets this file's environment as plain functions and data, and its bad input becomes ours."""
+# The black boxes: real agent frameworks, each behind a bridge file that gets this file's environment as plain
+# functions and data. --harnesses NAME -> (module, its episode function). smolagents: its text `Action:` mode (a call
+# syntax of its own); smolagents-native: its ToolCallingAgent with the model's own function calling (the
+# Claude-Code role: only evaluated in); pydantic-ai: its Agent with the model's own function calling (the OpenClaw
+# role: the black-box baselines train in it). docs/blackbox.md.
+BLACKBOXES = {"smolagents": ("smolagents_harness", "run_smolagents_episodes"),
+              "smolagents-native": ("smolagents_native_harness", "run_native_episodes"),
+              "pydantic-ai": ("pydantic_ai_harness", "run_pydantic_ai_episodes")}
+
+
+def run_blackbox(args, tasks, policy, backend, tok, positions):
+    """The episodes inside a framework (its bridge imported only when asked for); its bad input becomes ours."""
+    module, run = BLACKBOXES[args.harnesses]
     try:
-        import smolagents_harness as bridge
+        bridge = importlib.import_module(module)
     except ImportError as e:
-        fail(f"--harnesses smolagents: {e} (pip install 'smolagents>=1.20,<1.27')")
+        fail(f"--harnesses {args.harnesses}: {e} (pip install -r requirements.txt)")
     env = bridge.Environment(workspace=Workspace, score=score, check_results=check_results, max_arg=MAX_ARG)
     try:
-        return bridge.run_smolagents_episodes(env, tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
-                                              args.temperature, args.samples, positions=positions)
+        return getattr(bridge, run)(env, tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
+                                    args.temperature, args.samples, positions=positions)
     except bridge.BridgeError as e:
         fail(str(e))
 
@@ -871,8 +885,8 @@ def run_stage(args):
     shard = validate_flags(args)  # [multi-GPU] (I, N)
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
-    smolagents = args.eval and args.harnesses == "smolagents"  # episodes run inside smolagents, not here
-    if smolagents:
+    blackbox = args.eval and args.harnesses in BLACKBOXES  # episodes run inside a framework, not here
+    if blackbox:
         jobs, out = [], Path(args.out)
     elif args.eval:
         jobs, out = eval_jobs(args, tasks)
@@ -881,8 +895,8 @@ def run_stage(args):
     config_path = out.with_name(out.stem + ".04_rollout_config.json" if args.eval else "04_rollout_config.json")
     if shard:  # [multi-GPU] block I of N of the job list: contiguous, so the N files concatenated in order of I
         # are the one-process records (each episode's sampling randomness is its own: run_episodes)
-        if smolagents:
-            fail("--shard: not for --harnesses smolagents (its episodes run inside smolagents)")
+        if blackbox:
+            fail(f"--shard: not for --harnesses {args.harnesses} (its episodes run inside the framework)")
         i, n = shard
         jobs = jobs[len(jobs) * i // n:len(jobs) * (i + 1) // n]
         out, config_path = shard_path(out, i, n), shard_path(config_path, i, n)
@@ -891,8 +905,8 @@ def run_stage(args):
     backend, tok, positions = load_policy(args, policy, jobs, tasks_path)
     seed_everything(args.seed)
     start = time.perf_counter()
-    if smolagents:
-        records = run_smolagents(args, tasks, policy, backend, tok, positions)
+    if blackbox:
+        records = run_blackbox(args, tasks, policy, backend, tok, positions)
     else:
         records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
                                args.temperature)
@@ -900,7 +914,7 @@ def run_stage(args):
     for r in records:  # which engine sampled the episode (05: truncated IS where it is not 05's own fp32 forward)
         r["sampler"] = getattr(backend, "sampler", None) if backend else {"backend": "oracle", "dtype": None}
     write_atomic(out, jsonl_text(records))
-    versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "vllm", "smolagents")
+    versions = {m: sys.modules[m].__version__ for m in ("torch", "transformers", "vllm", "smolagents", "pydantic_ai")
                 if m in sys.modules}
     config = {**vars(args), "policy": policy, "tasks": str(tasks_path), "episodes": len(records), "out": str(out),
               "harness_ids": sorted({r["harness_id"] for r in records}), "wall_seconds": round(wall, 3),

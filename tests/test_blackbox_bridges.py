@@ -255,3 +255,34 @@ def test_the_turn_budget_and_a_wrong_answer(name):
     model = scripted(module, [call(submit, {"answer": "999999"})], None)
     rec = module.run_episode(ENV, TASK, model, R.Workspace(TASK["files"]), 3, META, "scripted", 0.0)
     assert rec["finish_reason"] == "submitted" and rec["reward"] == 0.0 and rec["submitted_answer"] == "999999"
+
+
+# ----------------------------------------------------------------------------- through 04's command line
+@pytest.mark.parametrize("name,harness_id", [("smolagents-native", "X-smolagents-native"),
+                                             ("pydantic-ai", "X-pydantic-ai")])
+def test_04_cli_runs_each_framework_with_the_oracle_and_a_tiny_policy(tiny, tmp_path, name, harness_id):
+    """`04 --eval --harnesses NAME`: the oracle solves every test task inside the framework; a tiny checkpoint
+    through the hf backend gives records in 04's schema whose completion ids are within the token budget."""
+    from conftest import run_stage
+    out = tmp_path / "oracle.jsonl"
+    proc = run_stage("04_rollout.py", "--run", tmp_path, "--eval", "--policy", "oracle", "--harnesses", name,
+                     "--out", out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == len(TEST_TASKS) and all(r["success"] for r in rows) and "success 1.000" in proc.stdout
+    assert {r["harness_id"] for r in rows} == {harness_id}
+    config = json.loads((tmp_path / "oracle.04_rollout_config.json").read_text())
+    module = {"smolagents-native": "smolagents", "pydantic-ai": "pydantic_ai"}[name]
+    assert config["harness_ids"] == [harness_id] and config["versions"][module] in rows[0]["framework"]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(TASK) + "\n")
+    out = tmp_path / "tiny.jsonl"
+    run_stage("04_rollout.py", "--run", tmp_path, "--eval", "--policy", tiny[0], "--backend", "hf", "--harnesses",
+              name, "--tasks", tasks, "--samples", 2, "--temperature", 1.0, "--max-turns", 2, "--max-new-tokens", 16,
+              "--out", out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and {r["sample_index"] for r in rows} == {0, 1}
+    for r in rows:
+        assert r["harness_id"] == harness_id and r["turns"] == len(r["model_turns"]) >= 1
+        assert r["parse_errors"] + r["tool_errors"] <= r["turns"] + 1 and r["reward"] in (0.0, 1.0)
+        for mt in r["model_turns"]:
+            assert 0 < len(mt["completion_ids"]) <= 16 and len(mt["logprobs"]) == len(mt["completion_ids"])
