@@ -17,15 +17,11 @@ the previous prompt + completion are merged into one sequence (same loss, fewer 
     # ... with the model sharded over the ranks (FSDP2) when its weights + AdamW state do not fit one GPU
     torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/big --iteration 0 --algo grpo --fsdp
 
-Under torchrun (it sets WORLD_SIZE) 05 imports distributed.py, the collectives over the ranks; run as
-`python 05_train.py` it uses a one-process stand-in (ONE_PROCESS below) whose every collective is the identity.
-
-Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW
-moments, 2x the fp32 weights, loaded by the next update from its --policy folder when it was saved by
-the same --algo with the same parameter groups) and, beside it, train_log.jsonl (one row per optimizer
-step) and 05_train_config.json. Defaults with --run DIR --iteration t: rollouts
-DIR/iter_{t:03d}/rollouts.jsonl, policy DIR/init_policy (t = 0) or DIR/iter_{t-1:03d}/policy, out
-DIR/iter_{t:03d}/policy.
+Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW moments, 2x the fp32
+weights, loaded by the next update from its --policy folder when saved by the same --algo with the same parameter
+groups) and, beside it, train_log.jsonl (one row per optimizer step) and 05_train_config.json. Defaults with --run
+DIR --iteration t: rollouts DIR/iter_{t:03d}/rollouts.jsonl, policy DIR/init_policy (t = 0) or
+DIR/iter_{t-1:03d}/policy, out DIR/iter_{t:03d}/policy.
 
 Tests and benchmarks only: the environment variable HARNESS_05_TEST_VARIANTS, a comma-separated list of
     score-all-old      score every pi_old apart (no first-minibatch shortcut): the update must not change
@@ -51,7 +47,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from plumbing import fail, locked, read_jsonl, seed_everything, write_atomic
+from plumbing import fail, locked, seed_everything, write_atomic
+from schemas import TRAIN_ROLLOUT, load_rollouts
 
 LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk (--logit-chunk): 1024 x 151,936 x 4 B = 0.6 GB a tensor
 TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
@@ -61,6 +58,7 @@ GAMMA = 1.0  # PPO: discount over generated tokens (verl's default; the reward i
 VF_COEF, VF_CLIP, VF_LR_FACTOR = 0.5, 0.5, 10  # PPO: value-loss weight, value clip, value head lr = 10 x --lr (verl)
 VARIANTS_ENV = "HARNESS_05_TEST_VARIANTS"
 VARIANTS = {"score-all-old", "no-skip-zero-adv", "no-merge-turns", "no-norm-adv", "naive-local-nb"}
+ROLLOUT_FIELDS = ["model_turns", "reward", "group_id", "temperature", "episode_id", "policy", "sampler"]  # 05 reads
 
 
 def parse_args(argv=None):
@@ -113,7 +111,7 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------------ one process, or N under torchrun
 # `python 05_train.py` is one process: it holds every sequence and the whole model, so each step that ranks would
-# share is the identity here. Under `torchrun --nproc_per_node N` (which sets WORLD_SIZE) `dist` is distributed.py
+# share is the identity here. Under `torchrun --nproc_per_node N` (it sets WORLD_SIZE) `dist` is distributed.py
 # instead: the same names, each a collective over the N ranks.
 ONE_PROCESS = types.SimpleNamespace(
     rank=0, world=1, init=lambda fsdp, naive: None,
@@ -127,7 +125,7 @@ ONE_PROCESS = types.SimpleNamespace(
     first_non_finite=lambda named: next((n for n, p in named if not torch.isfinite(p).all()), None),
     my_shards=lambda state, opt: state,
     full_state=lambda model, vhead, opt, with_opt: dict(
-        model=None, vhead=vhead.state_dict() if vhead is not None else None, opt=opt.state_dict() if with_opt else None),
+        model=None, vhead=None if vhead is None else vhead.state_dict(), opt=opt.state_dict() if with_opt else None),
     writes=lambda: True, finish=lambda: None)
 if int(os.environ.get("WORLD_SIZE", "1")) > 1:
     import distributed as dist
@@ -137,25 +135,8 @@ else:
 
 # ---------------------------------------------------------------------------------- input checking
 # Bad input stops with one line on stderr naming the file, line and field (or the flag), exit status 2, nothing
-# written: the flags and every rollout record before any weight is loaded; then two guards, check_head once the
-# model is loaded and check_finite before anything is saved.
-def finite(x):
-    return type(x) in (int, float) and math.isfinite(x)
-
-
-# A rollout record (04 writes it): field -> (check, what it must be), checked up front for every line. Which fields
-# are required depends on the flags (grpo: reward, group_id; ppo: reward; --min-reward: reward). Also refused:
-# a duplicated episode (same episode_id, or the same line twice), RL on greedy (temperature 0) rollouts.
-ROLLOUT_SCHEMA = {
-    "model_turns": (lambda v: isinstance(v, list), "a list of {prompt_ids, completion_ids, logprobs}"),
-    "reward": (finite, "a finite number"),
-    "group_id": (lambda v: isinstance(v, str), "a string"),
-    "temperature": (lambda v: v is None or finite(v) and v >= 0, "a finite number > 0 (the sampling temperature)"),
-    "episode_id": (lambda v: isinstance(v, str), "a string"),
-    "policy": (lambda v: v is None or isinstance(v, str), "a string"),
-}
-
-
+# written: the flags and every rollout record (schemas.py) before any weight is loaded; then two guards, check_head
+# once the model is loaded and check_finite before anything is saved.
 def check_flags(args):
     """The flags' values, before anything is read."""
     for k in ("epochs", "micro_batch_size", "minibatches", "minibatch_size", "micro_batch_tokens"):
@@ -235,32 +216,27 @@ def check_inputs(args):
 
 
 def load_episodes(path, algo, vocab, min_reward=None):
-    """Validated episodes: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}].
-    SFT trains at temperature 1 whatever the record says; --min-reward keeps the successful ones."""
-    rows = read_jsonl(path)
+    """Validated episodes: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}]. Beyond the
+    record's fields (schemas.py): the flags' fields (grpo: reward, group_id; ppo: reward; --min-reward: reward), no
+    episode twice, no RL on greedy rollouts. SFT trains at temperature 1 whatever the record says."""
+    by = f"--algo {algo}" if algo != "sft" else "--min-reward"  # name only the flags given
+    need = {"grpo": ["reward", "group_id"], "ppo": ["reward"]}.get(algo, ["reward"] if min_reward is not None else [])
+    rows = load_rollouts(path, ROLLOUT_FIELDS, {"model_turns": "", **dict.fromkeys(need, f" (needed by {by})")},
+                         TRAIN_ROLLOUT, vocab)
     if not rows:
         fail(f"{path}: empty rollout file (no episodes)")
     episodes, seen = [], {}
-    need = {"grpo": ["reward", "group_id"], "ppo": ["reward"], "sft": []}[algo] + ["model_turns"]
     for ln, r in rows:
-        where = f"{path}:{ln}"
-        for k, (ok, want) in ROLLOUT_SCHEMA.items():
-            if k not in r and (k in need or k == "reward" and min_reward is not None):
-                by = f"--algo {algo}" if k in need else "--min-reward"  # name only the flags given
-                fail(f"{where}: field '{k}' missing (needed by {by})" if k != "model_turns" else
-                     f"{where}: field 'model_turns' missing or not a list")
-            if k in r and not ok(r[k]):
-                fail(f"{where}: field '{k}' is {json.dumps(r[k])[:40]}, not {want}")
         if algo != "sft" and r.get("temperature") == 0:
-            fail(f"{where}: field 'temperature' is 0 (greedy): RL needs the sampling temperature (> 0)")
+            fail(f"{path}:{ln}: field 'temperature' is 0 (greedy): RL needs the sampling temperature (> 0)")
         key = r.get("episode_id", json.dumps(r, sort_keys=True))
         if key in seen:
-            fail(f"{where}: episode {str(key)[:60]!r} repeats line {seen[key]} (a duplicate would count twice)")
+            fail(f"{path}:{ln}: episode {str(key)[:60]!r} repeats line {seen[key]} (a duplicate would count twice)")
         seen[key] = ln
-        temp = 1.0 if algo == "sft" else r.get("temperature") or 1.0  # SFT, greedy (0) or missing: T = 1
-        episodes.append(dict(turns=read_turns(r["model_turns"], where, vocab), reward=float(r.get("reward", 0.0)),
-                             group=r.get("group_id"), temp=float(temp), line=ln, policy=r.get("policy"),
-                             sampler=r.get("sampler")))
+        turns = [(t["prompt_ids"], t["completion_ids"], t.get("logprobs")) for t in r["model_turns"]]
+        temp = 1.0 if algo == "sft" else float(r.get("temperature", 1.0))  # SFT, or none recorded: T = 1
+        episodes.append(dict(turns=turns, reward=float(r.get("reward", 0.0)), group=r.get("group_id"), temp=temp,
+                             line=ln, policy=r.get("policy"), sampler=r.get("sampler")))
     if min_reward is not None:
         episodes = [e for e in episodes if e["reward"] >= min_reward]
         if not episodes:
@@ -268,30 +244,6 @@ def load_episodes(path, algo, vocab, min_reward=None):
     if not any(c for e in episodes for _, c, _ in e["turns"]):
         fail(f"{path}: no model turn with completion tokens (oracle rollouts need 04 --tokenizer)")
     return episodes
-
-
-def read_turns(model_turns, where, vocab):
-    """[(prompt_ids, completion_ids, logprobs or None)] of one record, every id inside the vocabulary."""
-    turns = []
-    for i, t in enumerate(model_turns):
-        if not isinstance(t, dict):
-            fail(f"{where}: model_turns[{i}] is not an object")
-        for k in ("prompt_ids", "completion_ids"):
-            ids = t.get(k)
-            if not isinstance(ids, list) or not all(type(x) is int for x in ids):
-                fail(f"{where}: model_turns[{i}].{k} missing or not a list of ints")
-            bad = [x for x in ids if x < 0 or x >= vocab]
-            if bad:
-                fail(f"{where}: model_turns[{i}].{k} has token id {bad[0]} outside the policy's vocabulary "
-                     f"(size {vocab})")
-        lp = t.get("logprobs")
-        if lp is not None and (not isinstance(lp, list) or len(lp) != len(t["completion_ids"])
-                               or not all(finite(x) for x in lp)):
-            fail(f"{where}: model_turns[{i}].logprobs must be null or one finite number per completion token")
-        if not t["prompt_ids"]:
-            fail(f"{where}: model_turns[{i}].prompt_ids is empty")
-        turns.append((t["prompt_ids"], t["completion_ids"], lp))
-    return turns
 
 
 @torch.no_grad()
@@ -380,15 +332,11 @@ def build_sequences(episodes, merge=True):
     return seqs
 
 
-def only_pg_term(args):
-    """GRPO without KL or entropy terms: a sequence whose advantage is 0 everywhere adds exactly 0 to the loss."""
-    return args.algo == "grpo" and not args.kl_coef and not args.ent_coef
-
-
 def has_signal(u, s):
     """The sequence can move the weights: A != 0 somewhere (GRPO without KL/entropy: A = 0 on every token gives
     min(rho A, clip(rho) A) = 0, no gradient); every sequence otherwise (SFT, PPO's value loss, KL, entropy)."""
-    return not only_pg_term(u.args) or bool(s.adv.any())
+    only_pg_term = u.args.algo == "grpo" and not u.args.kl_coef and not u.args.ent_coef
+    return not only_pg_term or bool(s.adv.any())
 
 
 def trains(u, s):
@@ -503,43 +451,34 @@ def lm_head(model, h):
     return logits
 
 
-def head_logp(model, h, tgt, temp):
-    """log pi(y_t | s_t) at temperature for one chunk of hidden states [c, H] -> [c]."""
-    logits = lm_head(model, h) / temp[:, None]  # [c, V] fp32, pi(.|s) at the sampling temperature
-    return torch.log_softmax(logits, dim=-1).gather(1, tgt[:, None]).squeeze(1)  # [c]
-
-
-def head_logp_ent(model, h, tgt, temp):
-    """(log-probs [c], entropies [c]) for one chunk: H(pi(.|s_t)) = -sum_v p_v log p_v."""
-    logp_all = torch.log_softmax(lm_head(model, h) / temp[:, None], dim=-1)  # [c, V]
-    return logp_all.gather(1, tgt[:, None]).squeeze(1), -(logp_all.exp() * logp_all).sum(-1)  # [c], [c]
+def head_logp(model, h, tgt, temp, entropy):
+    """One chunk of hidden states [c, H] -> (log pi(y_t | s_t) [c] at temperature, and with entropy its entropy)."""
+    logp_all = torch.log_softmax(lm_head(model, h) / temp[:, None], dim=-1)  # [c, V] fp32, at the temperature
+    logp = logp_all.gather(1, tgt[:, None]).squeeze(1)  # [c]
+    # H(pi(.|s_t)) = -sum_v p_v log p_v
+    return (logp, -(logp_all.exp() * logp_all).sum(-1)) if entropy else (logp,)  # [c], [c]
 
 
 def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
     """Hidden states [N, H] of the positions that predict generated tokens, their log-probs [N] at temperature and
-    entropies [N] (only with entropy=True: an --ent-coef term; else None). The LM head runs on the selected hidden
-    states, not on every position (prompts are most of the tokens), in chunks of `chunk` tokens: the fp32 [chunk, V]
-    logits and log-softmax exist for one chunk at a time. With gradients and more than one chunk, each chunk is
-    checkpointed (its [chunk, V] tensors are freed and recomputed in backward: one more LM-head matmul per chunk), so
-    peak memory is bounded by one chunk instead of growing with the micro-batch. Row-wise the same arithmetic as one
-    [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk on the batch's device (the LM head stays fp32)."""
+    entropies [N] (entropy=True, for --ent-coef; else None). The LM head runs on those positions only (prompts are
+    most tokens), `chunk` tokens at a time: with gradients and several chunks each is checkpointed (its fp32
+    [chunk, V] tensors recomputed in backward), so peak memory is one chunk's, whatever the micro-batch. Row-wise
+    the same arithmetic as one [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk (the head stays fp32)."""
     with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
         # right padding + causal attention: real tokens never attend to the pads, so no attention mask
         h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
     h = h[batch["sel"]]  # [N, H]
     n = h.shape[0]
     chunk = chunk if chunk and chunk > 0 else max(1, n)
-    fn = head_logp_ent if entropy else head_logp
     ckpt = torch.is_grad_enabled() and n > chunk
     parts = []
     for a in range(0, n, chunk):
-        args = (model, h[a:a + chunk], batch["tgt"][a:a + chunk], batch["temp"][a:a + chunk])
-        parts.append(torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False) if ckpt else fn(*args))
-    if entropy:
-        logp, ent = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])  # [N], [N]
-    else:
-        logp, ent = torch.cat(parts), None  # [N]
-    return h, logp, ent
+        args = (model, h[a:a + chunk], batch["tgt"][a:a + chunk], batch["temp"][a:a + chunk], entropy)
+        parts.append(torch.utils.checkpoint.checkpoint(head_logp, *args, use_reentrant=False) if ckpt
+                     else head_logp(*args))
+    ent = torch.cat([p[1] for p in parts]) if entropy else None  # [N]
+    return h, torch.cat([p[0] for p in parts]), ent  # [N, H], [N], [N]
 
 
 def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
@@ -857,15 +796,6 @@ def load_policy(args, policy, device, probe_ids):
     return tok, model, vhead, pad_id
 
 
-def minibatch_size(args, n):
-    """Sequences per optimizer step: --minibatch-size, or n / --minibatches, or SFT 32, RL n / 2."""
-    if args.minibatch_size:
-        return args.minibatch_size
-    if args.minibatches:
-        return math.ceil(n / args.minibatches)
-    return 32 if args.algo == "sft" else math.ceil(n / 2)
-
-
 def prepare_batch(u, episodes, seqs, ref, shuffle_gen):
     """Before any step: the advantages (GRPO: per episode; PPO: GAE per token, after the old values), the sequences
     that train, the minibatches and, for RL, pi_old (+ TIS weights, ref log-probs).
@@ -879,10 +809,13 @@ def prepare_batch(u, episodes, seqs, ref, shuffle_gen):
             s.adv = torch.full((s.n,), float(adv[s.ep]))
     trained = [s for s in seqs if trains(u, s)]  # GRPO: equal-reward groups have A = 0 and do not run
     info["trained_sequences"] = len(trained)
-    # the minibatches: a fresh random order each epoch, drawn from the update's own generator
-    size = minibatch_size(u.args, len(seqs))
-    orders = [torch.randperm(len(seqs), generator=shuffle_gen).tolist() for _ in range(u.args.epochs)]
-    epochs = [[[seqs[k] for k in order[j:j + size]] for j in range(0, len(seqs), size)] for order in orders]
+    # the minibatches of `size` sequences (--minibatch-size, or n / --minibatches, or SFT 32, RL n / 2): a fresh
+    # random order each epoch, drawn from the update's own generator
+    a, n = u.args, len(seqs)
+    size = a.minibatch_size or (math.ceil(n / a.minibatches) if a.minibatches else
+                                32 if a.algo == "sft" else math.ceil(n / 2))
+    orders = [torch.randperm(n, generator=shuffle_gen).tolist() for _ in range(a.epochs)]
+    epochs = [[[seqs[k] for k in order[j:j + size]] for j in range(0, n, size)] for order in orders]
     if u.args.algo != "sft" and trained:
         old_policy_scores(u, episodes, trained, epochs[0][0], ref, info)
     if u.args.algo == "ppo":  # GAE needs the old values scored above

@@ -39,6 +39,7 @@ import numpy as np
 from intervals import pair_means, pass1_ci, task_means, wilson
 from intervals import betainc, clopper_pearson, trials_per_task  # noqa: F401 (tests check them as 06's)
 from plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text, run_child, write_atomic
+from schemas import load_rollouts
 
 HERE = Path(__file__).resolve().parent
 SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
@@ -129,37 +130,17 @@ def harness_file_ids(path):
 
 
 # ----------------------------------------------------------------------------- episode records
-def count(v):
-    return type(v) is int and v >= 0
-
-
-# What 06 reads from an episode record (04 writes it): field -> (check, what it must be). Optional fields are checked
-# when present (older files lack them). checkpoint.json beside the files says which policy and settings made them.
-EPISODE_SCHEMA = {
-    "task_id": (lambda v: isinstance(v, str), "a string", True),
-    "harness_id": (lambda v: isinstance(v, str), "a string", True),
-    "success": (lambda v: isinstance(v, bool), "true or false", True),
-    "reward": (lambda v: type(v) in (int, float) and 0 <= v <= 1, "a number in [0, 1]", True),
-    "turns": (count, "an integer >= 0", True),
-    "parse_errors": (count, "an integer >= 0", True),
-    "tool_errors": (count, "an integer >= 0", True),
-    "workflow_violations": (count, "an integer >= 0", True),
-    "finish_reason": (lambda v: isinstance(v, str), "a string", True),
-    "workflow_checks": (count, "an integer >= 0", False),
-    "error_turns": (lambda v: isinstance(v, list) and all(count(t) for t in v), "a list of turn numbers", False),
-    "valid_call_turns": (lambda v: isinstance(v, list) and all(count(t) for t in v), "a list of turn numbers", False),
-    "policy": (lambda v: isinstance(v, str), "a string", False),
-}
+# What 06 reads of an episode record (04 writes it; schemas.ROLLOUT checks each field): these must be there, the
+# optional ones are checked when present (older files lack them). checkpoint.json beside the files says which
+# policy and settings made them.
+EPISODE_NEEDS = ["task_id", "harness_id", "success", "reward", "turns", "parse_errors", "tool_errors",
+                 "workflow_violations", "finish_reason"]
+EPISODE_OPTIONAL = ["workflow_checks", "error_turns", "valid_call_turns", "policy", "framework"]
 
 
 def read_episodes(path):
-    """A split file's episodes, each field checked against EPISODE_SCHEMA (one line naming file, line, field)."""
-    rows = read_jsonl(path, required=[k for k, (_, _, req) in EPISODE_SCHEMA.items() if req])
-    for lineno, e in rows:
-        for k, (ok, want, _) in EPISODE_SCHEMA.items():
-            if k in e and not ok(e[k]):
-                fail(f"{path}:{lineno}: field '{k}' is {json.dumps(e[k])[:40]}, not {want}")
-    return [e for _, e in rows]
+    """A split file's episodes, each field checked against schemas.ROLLOUT (one line naming file, line, field)."""
+    return [e for _, e in load_rollouts(path, EPISODE_NEEDS + EPISODE_OPTIONAL, dict.fromkeys(EPISODE_NEEDS, ""))]
 
 
 def check_made_by(path, rows, ck_path, redo):

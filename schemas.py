@@ -10,10 +10,11 @@ the first bad field, through plumbing.fail (exit 2), with the place first, the w
     HARNESS[c]   one component c of a harness record: 01 writes the realisations, 04 interprets them
     TASK         a task: workspace files, request, checker, optional solution (data/*_tasks.jsonl; 03, 04 read it)
     ASSIGNMENT   a line of RUN/assignment.jsonl: a task's harness group H_x (03 writes it, 04 reads it)
-    ROLLOUT      an episode record, as 04 writes it (05 trains on it, 06 evaluates it)
+    ROLLOUT      an episode record, as 04 writes it (05 trains on it, 06 evaluates it; TRAIN_ROLLOUT: 05's reading)
 
-The readers at the end (load_tasks, load_harness_file, load_assignment) add the rules that span records: ids unique,
-ids that name a task or a harness of the run. Every message names the file and line (`path:line:`).
+The readers at the end (load_tasks, load_harness_file, load_assignment, load_rollouts) add the rules that span
+records: ids unique, ids that name a task or a harness of the run, token ids inside the policy's vocabulary. Every
+message names the file and line (`path:line:`).
 """
 import json
 import math
@@ -31,12 +32,13 @@ def clip(s, n=200):
     return s if len(s) <= n else s[:n] + "..."
 
 
-def check_record(rec, table, where, prefix=""):
-    """Stop at the first field of `rec` that `table` refuses; `prefix` goes before the field's name (specs.O.)."""
+def check_record(rec, table, where, prefix="", why=None):
+    """Stop at the first field of `rec` that `table` refuses; `prefix` goes before the field's name (specs.O.);
+    why: {field: the reason a missing field is needed, ending the message}."""
     for field, (ok, description, required) in table.items():
         if field not in rec:
             if required:
-                fail(f"{where}: field '{prefix}{field}' is missing")
+                fail(f"{where}: field '{prefix}{field}' is missing{(why or {}).get(field, '')}")
         elif not ok(rec[field]):
             fail(f"{where}: field '{prefix}{field}' is {clip(json.dumps(rec[field]), 40)}, not {description}")
     return rec
@@ -167,7 +169,7 @@ ROLLOUT = {  # what 04 writes per episode; docs/stages.md explains each field
     "sample_index": (*COUNT, True),
     "task_id": (*TEXT, True), "family": (*TEXT, True), "harness_id": (*TEXT, True),
     "policy": (*TEXT, True),  # a checkpoint folder or "oracle"
-    "temperature": (lambda v: finite(v) and v >= 0, "a finite number >= 0 (0 = greedy)", True),
+    "temperature": (lambda v: finite(v) and v >= 0, "a finite number > 0, or 0 (greedy)", True),
     "reward": (lambda v: finite(v) and 0 <= v <= 1, "a number in [0, 1]", True),
     "success": (*BOOL, True),  # reward == 1
     "checks": (*list_of((lambda v: type(v) is int and v in (0, 1), ""), "a list of 0 / 1 (each check)"), True),
@@ -185,6 +187,9 @@ ROLLOUT = {  # what 04 writes per episode; docs/stages.md explains each field
     "sampler": (lambda v: v is None or isinstance(v, dict), "an object {backend, dtype, ...} or null", True),
     "framework": (*TEXT, False),  # only the smolagents harness's episodes
 }
+# 05 also trains on records 04 did not write (hand-made demonstrations, rewards of another scale: GRPO and PPO
+# normalise them), so its reading lifts the reward's [0, 1] bound.
+TRAIN_ROLLOUT = dict(ROLLOUT, reward=(finite, "a finite number", True))
 
 
 # ----------------------------------------------------------------------------- readers: rules that span records
@@ -231,3 +236,37 @@ def load_assignment(path, task_ids, harness_ids, tasks_path):
     if not assignment:
         fail(f"{path}: no episodes to run (empty assignment)")
     return assignment
+
+
+def check_model_turns(turns, where, vocab):
+    """model_turns token by token: prompt_ids (non-empty) and completion_ids lists of token ids in [0, vocab),
+    logprobs null or one finite number per completion token."""
+    for i, t in enumerate(turns):
+        for k in ("prompt_ids", "completion_ids"):
+            ids = t.get(k)
+            if not isinstance(ids, list) or not all(type(x) is int for x in ids):
+                fail(f"{where}: model_turns[{i}].{k} missing or not a list of ints")
+            bad = [x for x in ids if x < 0 or x >= vocab]
+            if bad:
+                fail(f"{where}: model_turns[{i}].{k} has token id {bad[0]} outside the policy's vocabulary "
+                     f"(size {vocab})")
+        lp = t.get("logprobs")
+        if lp is not None and (not isinstance(lp, list) or len(lp) != len(t["completion_ids"])
+                               or not all(finite(x) for x in lp)):
+            fail(f"{where}: model_turns[{i}].logprobs must be null or one finite number per completion token")
+        if not t["prompt_ids"]:
+            fail(f"{where}: model_turns[{i}].prompt_ids is empty")
+
+
+def load_rollouts(path, fields, need=None, table=ROLLOUT, vocab=None):
+    """[(line, record)] of a rollout file (04's rollouts.jsonl, 06's split files): the `fields` of `table` a record
+    holds are checked, in that order; need: {field: reason} of those it must hold (the reason ends the message,
+    e.g. " (needed by --algo grpo)"); vocab: model_turns checked token by token (check_model_turns)."""
+    need = need or {}
+    checked = {f: (*table[f][:2], f in need) for f in fields}
+    rows = read_jsonl(path)
+    for n, r in rows:
+        check_record(r, checked, f"{path}:{n}", why=need)
+        if vocab is not None and "model_turns" in r:
+            check_model_turns(r["model_turns"], f"{path}:{n}", vocab)
+    return rows

@@ -153,7 +153,7 @@ CASES_05 = {  # name -> (change to line 2, extra flags, needles)
     "logprobs_nan": ("logprobs_nan", [], ["model_turns[0].logprobs"]),
     "group_id_list": (dict(group_id=["a"]), [], ["field 'group_id'", "a string"]),
     "duplicate": ("duplicate", [], [":2:", "repeats line 1"]),
-    "missing_reward_grpo": ("no_reward", [], ["field 'reward' missing (needed by --algo grpo)"]),
+    "missing_reward_grpo": ("no_reward", [], ["field 'reward' is missing (needed by --algo grpo)"]),
 }
 
 

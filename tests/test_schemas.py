@@ -221,3 +221,77 @@ def test_the_rollout_table_accepts_the_smolagents_bridges_records():
         r["sampler"] = {"backend": "oracle", "dtype": None}
         assert set(r) <= set(S.ROLLOUT)
         S.check_record(r, S.ROLLOUT, "smolagents")
+
+
+# ----------------------------------------------------------------------------- the rollout reader (05, 06)
+@pytest.fixture(scope="module")
+def tokenized_records(tiny05):
+    """04's oracle records with model_turns (token ids of the tiny05 tokenizer, no log-probs), and its vocab size."""
+    tok = R.load_tokenizer(tiny05)
+    tasks = H.read_tasks("test_tasks.jsonl")[:3]
+    jobs = [(t, H.space_records()[11 * i], {"episode_id": f"e{i}", "iteration": 0, "visit": 0, "group_id": f"g{i}",
+                                            "sample_index": 0}) for i, t in enumerate(tasks)]
+    records = R.run_episodes(jobs, "oracle", tok=tok, max_turns=3, progress=False)
+    for r in records:
+        r["sampler"] = {"backend": "oracle", "dtype": None}
+    assert all(r["model_turns"] and r["model_turns"][0]["completion_ids"] for r in records)
+    return records, len(tok)
+
+
+def test_load_rollouts_accepts_what_04_writes(tokenized_records, tmp_path):
+    records, vocab = tokenized_records
+    H.write_jsonl(tmp_path / "r.jsonl", records)
+    need = {f: "" for f, (_, _, req) in S.ROLLOUT.items() if req}
+    rows = S.load_rollouts(tmp_path / "r.jsonl", list(S.ROLLOUT), need, vocab=vocab)
+    assert rows == [(n, json.loads(json.dumps(r))) for n, r in enumerate(records, 1)]
+    assert S.load_rollouts(tmp_path / "r.jsonl", ["reward"], table=S.TRAIN_ROLLOUT) == rows
+    (tmp_path / "empty.jsonl").write_text("\n")
+    assert S.load_rollouts(tmp_path / "empty.jsonl", list(S.ROLLOUT), need) == []
+
+
+@pytest.mark.parametrize("field,value", [("reward", 1.5), ("reward", float("nan")), ("success", 1),
+                                         ("temperature", -0.5), ("temperature", "hot"), ("group_id", ["g"]),
+                                         ("error_turns", [0]), ("finish_reason", "done"), ("model_turns", [3])])
+def test_load_rollouts_refuses_a_bad_field_with_path_line_and_field(field, value, tokenized_records, tmp_path,
+                                                                    capsys):
+    records, vocab = tokenized_records
+    H.write_jsonl(tmp_path / "r.jsonl", [records[0], dict(records[1], **{field: value}), records[2]])
+    fields = list(S.ROLLOUT)
+    msg = refused(capsys, S.load_rollouts, tmp_path / "r.jsonl", fields, vocab=vocab)
+    assert msg == f"{tmp_path / 'r.jsonl'}:2: field '{field}' is {json.dumps(value)}, not {S.ROLLOUT[field][1]}"
+    # a field the reader does not read is not checked
+    assert len(S.load_rollouts(tmp_path / "r.jsonl", [f for f in fields if f != field])) == 3
+    if field == "reward" and value == 1.5:  # 05's reading: any finite reward
+        assert len(S.load_rollouts(tmp_path / "r.jsonl", fields, table=S.TRAIN_ROLLOUT)) == 3
+
+
+def test_load_rollouts_needs_only_the_fields_asked_for_with_the_reason(tokenized_records, tmp_path, capsys):
+    records, _ = tokenized_records
+    short = {k: v for k, v in records[1].items() if k not in ("reward", "group_id")}
+    H.write_jsonl(tmp_path / "r.jsonl", [records[0], short])
+    path = tmp_path / "r.jsonl"
+    assert len(S.load_rollouts(path, ["model_turns", "reward", "group_id"], {"model_turns": ""})) == 2
+    assert refused(capsys, S.load_rollouts, path, ["model_turns", "reward", "group_id"],
+                   {"group_id": " (needed by --algo grpo)"}) == f"{path}:2: field 'group_id' is missing (needed by " \
+                                                                "--algo grpo)"
+    assert refused(capsys, S.load_rollouts, path, ["reward"], {"reward": ""}) == f"{path}:2: field 'reward' is missing"
+
+
+@pytest.mark.parametrize("change,needle", [
+    (lambda t, v: t["completion_ids"].__setitem__(0, v), "model_turns[0].completion_ids has token id {v} outside "
+                                                         "the policy's vocabulary (size {v})"),
+    (lambda t, v: t["prompt_ids"].__setitem__(0, -1), "model_turns[0].prompt_ids has token id -1 outside"),
+    (lambda t, v: t.__setitem__("prompt_ids", []), "model_turns[0].prompt_ids is empty"),
+    (lambda t, v: t.__setitem__("completion_ids", [1.0]), "model_turns[0].completion_ids missing or not a list of ints"),
+    (lambda t, v: t.__setitem__("logprobs", [0.0]), "model_turns[0].logprobs must be null or one finite number"),
+    (lambda t, v: t.__setitem__("logprobs", [float("nan")] * len(t["completion_ids"])), "model_turns[0].logprobs")])
+def test_load_rollouts_checks_model_turns_token_by_token(change, needle, tokenized_records, tmp_path, capsys):
+    records, vocab = tokenized_records
+    bad = json.loads(json.dumps(records[1]))
+    change(bad["model_turns"][0], vocab)
+    path = tmp_path / "r.jsonl"
+    H.write_jsonl(path, [records[0], bad])
+    msg = refused(capsys, S.load_rollouts, path, ["model_turns"], vocab=vocab)
+    assert msg.startswith(f"{path}:2: {needle.format(v=vocab)}"), msg
+    if "outside" in needle:  # without a vocabulary the ids are not bounded
+        assert len(S.load_rollouts(path, ["model_turns"])) == 2
