@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, load_stage
 
 G = load_stage("bench/gpu_check.py")
@@ -34,6 +35,7 @@ def test_the_device_config_is_qwen25_05b(tmp_path):
     assert tiny["vocab_size"] == 300 and tiny["hidden_size"] < 896 and tiny["rope_theta"] == 1e6
 
 
+@pytest.mark.slow
 def test_cpu_mode_runs_every_step(tmp_path):
     out = tmp_path / "check.json"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

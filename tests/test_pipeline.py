@@ -3,6 +3,7 @@ interruption in the middle: the second call must finish without redoing finished
 import json
 from pathlib import Path
 
+import pytest
 from conftest import run_stage
 
 MINI = ["--max-new-tokens", 48, "--max-train-tasks", 6, "--sft-tasks", 3, "--sft-epochs", 1, "--tiny-size", "1,32,2", "--iterations", 1,
@@ -13,6 +14,7 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_pipeline_end_to_end_with_interruption(tmp_path):
     run, ws = tmp_path / "run", tmp_path / "ws"
     args = ["--run", run, "--warmstart", ws, *MINI]
@@ -107,6 +109,7 @@ def test_bad_flags_leave_no_folder_and_paths_are_relative_to_the_caller(tmp_path
     assert sorted(c["sft_epochs"] for c in configs) == [2, load_stage("pipeline.py").PRESETS["toy"]["sft_epochs"]]
 
 
+@pytest.mark.slow
 def test_experiment_main_from_one_command(tmp_path):
     """`--experiment main` on a miniature toy: every method is scored on the same tasks and the same In-Space
     harnesses (disjoint from all training sets and the warm start's), X-shell (trained on by the black-box
