@@ -585,12 +585,6 @@ def policy_loss(logp, old_logp, adv, clip_eps, n_b, tis_w=None):
     return -surr.sum() / n_b, ratio
 
 
-def tis_weights(old_logp, rollout_logp, cap):
-    """Truncated IS: w_t = min(pi_old(y_t | s_t) / pi_rollout(y_t | s_t), C); 1 where 04 stored no log-prob."""
-    w = torch.exp(old_logp - rollout_logp).clamp(max=cap)  # [n]
-    return torch.where(torch.isnan(w), torch.ones_like(w), w)
-
-
 # ------------------------------------------------------------------------------------------ pi_old
 def sampler_of(episodes):
     """The engines that sampled the rollouts, e.g. 'vllm/bfloat16' (04 stores `sampler` in every record)."""
@@ -614,11 +608,13 @@ def tis_cap_for(args, episodes):
 
 
 def set_pi_old(u, s, old_logp):
-    """A sequence's pi_old [n], and what is derived from it: the truncated-IS weights (tokens without rollout
-    log-probs weigh 1) and, for a KL to this same policy, pi_ref = pi_old."""
+    """A sequence's pi_old [n], and what is derived from it: the truncated-IS weights and, for a KL to this same
+    policy, pi_ref = pi_old."""
     s.old_logp = old_logp
     if u.tis_cap:
-        s.tis_w = tis_weights(old_logp, s.stored_logp, u.tis_cap)
+        # w_t = min(pi_old(y_t | s_t) / pi_rollout(y_t | s_t), C), 1 where 04 stored no log-prob (NaN)
+        w = torch.exp(old_logp - s.stored_logp).clamp(max=u.tis_cap)  # [n]
+        s.tis_w = torch.where(torch.isnan(w), torch.ones_like(w), w)
     if u.same_ref:
         s.ref_logp = old_logp.clone()
 
@@ -629,12 +625,10 @@ def old_policy_scores(u, episodes, trained, first_minibatch, ref, info):
     as pi_old (docs/rl-cost.md: not bit-equal even on the hf fp32 path, and vLLM's differ by ~1e-2)."""
     from transformers import AutoModelForCausalLM
     info["tis_cap"] = u.tis_cap
-    # The first minibatch's shortcut (GRPO, one process): that minibatch trains at exactly the rollout's weights (no
-    # step yet, dropout off, same sequences and temperature), so its own forward pass IS pi_old: its sequences are
-    # not scored here, micro_step takes pi_old from that forward, detached (its ratio is then 1, as it is, up to
-    # float noise, against a separate pass). With 2 minibatches it halves the pi_old pass: it saves a forward of half
-    # the batch out of ~7 forward-equivalents per sequence (1 to score + 2 epochs x 3), ~7%; tiny test model, 32
-    # sequences: the pi_old pass 0.034 -> 0.018 s, the whole update ~0.30 -> ~0.27 s (medians, 1 thread).
+    # The first minibatch's shortcut (GRPO, one process): it trains at exactly the rollout's weights (no step yet,
+    # dropout off, same sequences and temperature), so its own forward IS pi_old: micro_step takes pi_old from it,
+    # detached (ratio 1, as against a separate pass up to float noise). With 2 minibatches that halves the pi_old
+    # pass, ~7% of the update (tiny test model, 32 sequences: pi_old 0.034 -> 0.018 s, update ~0.30 -> ~0.27 s).
     # PPO scores everything (GAE needs the old values before any step); so does torchrun (a rank would miss the
     # pi_old of sequences another rank ran).
     shortcut = u.args.algo == "grpo" and dist.world == 1 and "score-all-old" not in u.variants
