@@ -111,8 +111,8 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------------ one process, or N under torchrun
 # `python 05_train.py` is one process: it holds every sequence and the whole model, so each step that ranks would
-# share is the identity here. Under `torchrun --nproc_per_node N` (it sets WORLD_SIZE) `dist` is distributed.py
-# instead: the same names, each a collective over the N ranks.
+# share is the identity here. Under `torchrun --nproc_per_node N` (it sets LOCAL_RANK and WORLD_SIZE) `dist` is
+# distributed.py instead: the same names, each a collective over the N ranks (N = 1 too: one GPU, NCCL and FSDP2).
 ONE_PROCESS = types.SimpleNamespace(
     rank=0, world=1, init=lambda fsdp, naive: None,
     placed=lambda model, vhead, device, trunk_and_head: (model.to(device), vhead),  # on this process's device
@@ -127,7 +127,7 @@ ONE_PROCESS = types.SimpleNamespace(
     full_state=lambda model, vhead, opt, with_opt: dict(
         model=None, vhead=None if vhead is None else vhead.state_dict(), opt=opt.state_dict() if with_opt else None),
     writes=lambda: True, finish=lambda: None)
-if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+if "LOCAL_RANK" in os.environ:  # started by torchrun
     import distributed as dist
 else:
     dist = ONE_PROCESS
@@ -155,8 +155,8 @@ def check_flags(args):
         fail("--tis-cap is for --algo grpo/ppo only")
     if args.algo != "sft" and args.min_reward is not None:
         fail("--min-reward is for --algo sft only (it would bias an RL update)")
-    if args.fsdp and dist.world == 1:  # one process holds the whole model anyway: sharding would only add collectives
-        fail("--fsdp shards the model over torchrun's processes: run 05 under torchrun --nproc_per_node N (N >= 2), "
+    if args.fsdp and dist is ONE_PROCESS:  # FSDP2 shards over torchrun's process group
+        fail("--fsdp shards the model over torchrun's processes: run 05 under torchrun --nproc_per_node N, "
              "or drop --fsdp")
 
 

@@ -1,7 +1,7 @@
 """Stage 05's update over N processes: torchrun, gloo on CPU, NCCL on GPUs; with --fsdp the model sharded (FSDP2).
 
-05_train.py imports this module only when torchrun started it (WORLD_SIZE > 1). Run as `python 05_train.py`, 05 uses
-its one-process stand-in instead, where each function below is the identity (or a no-op). docs/distributed.md.
+05_train.py imports this module only when torchrun started it (LOCAL_RANK is set; any WORLD_SIZE). Run as
+`python 05_train.py`, 05 uses its one-process stand-in instead, where each function below is the identity (or a no-op). docs/distributed.md.
 
 Every rank loads the same rollouts, builds the same sequences and draws the same minibatch order (same seed); each
 minibatch is then split over the ranks by tokens. Three things make N ranks give the one-process update: N_B (and

@@ -43,13 +43,15 @@ def flat(policy):
 
 def launch(argv, mode):
     """05 with argv: mode one (plain `python 05_train.py` code path, in this process), or two gloo ranks under
-    torchrun: two (the default port), naive (test variant naive-local-nb), fsdp (--fsdp)."""
+    torchrun: two (the default port), naive (test variant naive-local-nb), fsdp (--fsdp); or one rank under
+    torchrun (distributed.py over a group of one, as on one GPU): rank1, rank1-fsdp."""
     if mode == "one":
         return T05.main(argv)
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HARNESS_05_TEST_VARIANTS="naive-local-nb" if mode == "naive" else "")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--",
-           str(ROOT / "05_train.py"), *argv] + {"two": [], "naive": [], "fsdp": ["--fsdp"]}[mode]
+    ranks = "1" if mode.startswith("rank1") else "2"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", ranks, "--",
+           str(ROOT / "05_train.py"), *argv] + (["--fsdp"] if mode.endswith("fsdp") else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -191,3 +193,11 @@ def test_fsdp_needs_torchrun(tiny05, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--fsdp" in err[0] and "torchrun" in err[0]
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("mode", ["rank1", "rank1-fsdp"])
+def test_one_rank_under_torchrun_is_the_one_process_update_exactly(update, mode):
+    """torchrun --nproc_per_node 1 (a user with one GPU; bench/gpu_check.py's torchrun step) runs distributed.py
+    over a group of one, with and without FSDP2: every sum is over one rank, so the weights are the one
+    process's, bit for bit."""
+    assert torch.equal(flat(update("grpo", mode)), flat(update("grpo", "one")))

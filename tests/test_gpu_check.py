@@ -63,5 +63,5 @@ def test_cpu_mode_runs_every_step(tmp_path):
     assert s["pipeline"]["stage05_runs"] >= 2  # the warm start's SFT and one RL update, not a cached warm start
     assert s["pytest_05"].get("passed", 0) > 0 and not s["pytest_05"].get("failed")
     assert s["torchrun"]["optimizer_steps"] >= 1
-    assert s["torchrun_fsdp"].get("optimizer_steps") or "--fsdp" in s["torchrun_fsdp"]["refused"]
+    assert s["torchrun_fsdp"]["optimizer_steps"] == s["torchrun"]["optimizer_steps"] >= 1
     assert "train" in proc.stdout and "ok" in proc.stdout  # the printed table
