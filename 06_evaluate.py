@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from intervals import pair_means, pass1_ci, task_means, wilson
+from intervals import fmt, pair_means, pass1_ci, task_means, wilson
 from intervals import betainc, clopper_pearson, trials_per_task  # noqa: F401 (tests check them as 06's)
 from plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text, run_child, write_atomic
 from schemas import load_rollouts
@@ -384,15 +384,6 @@ def training_curve(run):
 
 
 # ----------------------------------------------------------------------------- reports
-def fmt(split):
-    """'pass@1 [lo, hi]' in %; '*' marks the exact (Clopper-Pearson) interval."""
-    if split is None:
-        return "n/a"
-    lo, hi = split["ci95"]
-    star = "*" if split.get("ci_method") == "exact" else ""
-    return f"{100 * split['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]{star}"
-
-
 def split_title(split, summaries):
     """Column title; the framework column is named after the framework and version its episodes ran in."""
     names = sorted({s["splits"][split].get("framework") or "" for s in summaries if split in s["splits"]} - {""})

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from intervals import bootstrap_ci, min_detectable, pair_means, pass1_ci, sign_test, task_means
+from intervals import bootstrap_ci, fmt, min_detectable, pair_means, pass1_ci, sign_test, task_means
 from plumbing import fail, locked, read_json, read_jsonl, write_atomic
 
 SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
@@ -73,13 +73,6 @@ def levels_of(harness_id):
         return None
     return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
 
-def fmt(split):
-    """'pass@1 [lo, hi]' in %; '*' marks the exact (Clopper-Pearson) interval."""
-    if split is None:
-        return "n/a"
-    lo, hi = split["ci95"]
-    star = "*" if split.get("ci_method") == "exact" else ""
-    return f"{100 * split['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]{star}"
 
 def split_title(split, summaries):
     """Column title; the framework column is named after the framework and version its episodes ran in."""

@@ -146,3 +146,12 @@ def min_detectable(d):
     d (normal approximation; a planning figure: how small a difference this many tasks can resolve)."""
     d = np.asarray(d, dtype=float)
     return float((1.959964 + 0.841621) * d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else None
+
+
+def fmt(split):
+    """'pass@1 [lo, hi]' in %; '*' marks the exact (Clopper-Pearson) interval."""
+    if split is None:
+        return "n/a"
+    lo, hi = split["ci95"]
+    star = "*" if split.get("ci_method") == "exact" else ""
+    return f"{100 * split['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]{star}"

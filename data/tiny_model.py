@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # plumbing.py, in the repository root
+from plumbing import fail, read_text, write_atomic  # noqa: E402
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -51,52 +54,11 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------- small helpers
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def write_atomic(path, text):
-    """Write to a temporary file in the same folder, then rename it: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:  # e.g. interrupted: no half .tmp left behind
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
 def seed_everything(seed):
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.cuda.manual_seed_all(seed)
-
-
-def read_jsonl(path):
-    """[(line_number, record)]; a malformed line stops with the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        fail(f"{path}: file not found")
-    rows, data = [], path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        fail(f"{path} line {line}: invalid UTF-8 (byte {data[e.start]:#04x})")
-    for i, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append((i, json.loads(line)))
-            except json.JSONDecodeError as e:
-                fail(f"{path} line {i}: malformed JSON ({e.msg})")
-    return rows
 
 
 def collect_strings(obj, out):
@@ -122,8 +84,12 @@ def check_inputs(args):
         fail(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
     texts = list(ROLES)
     for f in args.corpus:
-        for _, rec in read_jsonl(f):
-            collect_strings(rec, texts)
+        for n, line in enumerate(read_text(f).splitlines(), 1):  # a corpus line may be any JSON value
+            try:
+                value = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError as e:
+                fail(f"{f}:{n}: malformed JSON ({e.msg})")
+            collect_strings(value, texts)
     if len(texts) == len(ROLES):
         fail(f"corpus {' '.join(args.corpus)}: no strings found")
     return texts

@@ -63,7 +63,7 @@ def test_same_corpus_and_seed_give_identical_files(tmp_path, corpus):
     ("heads", "--dim 16 must be a multiple of --heads 3"),
     ("zero", "--layers 0: must be >= 1"),
     ("missing", "nope.jsonl: file not found"),
-    ("malformed", "bad.jsonl line 2: malformed JSON"),
+    ("malformed", "bad.jsonl:2: malformed JSON"),
     ("empty", "no strings found"),
 ])
 def test_bad_input_one_error_nothing_written(tmp_path, corpus, case, expect):
