@@ -37,9 +37,9 @@ from pydantic_ai.models.function import FunctionModel
 
 from generation import (ToolTemplate, encode, extend_prompt, hermes_messages, parse_tool_calls, render,
                         safe_json, sampled_reply, scripted_reply, tool_call_text)
-from smolagents_harness import Environment  # noqa: F401  (04 builds the bridge's environment with it)
-from smolagents_harness import (BridgeError, Calculator, ContextLimit, ListFiles, ReadFile, Search, WriteFile, safe,
-                                workspace_call)
+from smolagents_harness import BridgeError, Environment  # noqa: F401  (04 uses them through this module)
+from smolagents_harness import (Calculator, ContextLimit, ListFiles, ReadFile, Search, WriteFile, safe,
+                                run_bridge_episodes, workspace_call)
 
 HARNESS_ID = "X-pydantic-ai"
 FRAMEWORK = f"pydantic-ai {pydantic_ai.__version__}"  # e.g. "pydantic-ai 2.68.0", recorded in every episode
@@ -257,23 +257,8 @@ def run_pydantic_ai_episodes(env, tasks, policy, backend, tok, max_turns, max_ne
                              progress=True, positions=None):
     """Every task x `samples` inside pydantic-ai, one after another; -> 04's eval records (group_id
     "task|X-pydantic-ai|eval") + "framework". backend None = the oracle (tok optional: it only records ids)."""
-    if max_turns < 1 or samples < 1:
-        raise BridgeError("pydantic-ai harness: max_turns and samples must be >= 1")
-    if backend is not None and tok is None:
-        raise BridgeError("pydantic-ai harness: a policy backend needs the policy's tokenizer")
-    missing = [t["task_id"] for t in tasks if backend is None and not t.get("solution")]
-    if missing:
-        raise BridgeError(f"task {missing[0]!r}: the oracle needs a 'solution'")
-    records = []
-    for index, (task, s) in enumerate((task, s) for task in tasks for s in range(samples)):
-        meta = {"episode_id": f"eval-{task['task_id']}-{HARNESS_ID}-s{s}", "iteration": None, "visit": None,
-                "group_id": f"{task['task_id']}|{HARNESS_ID}|eval", "sample_index": s}
-        model = (OracleModel(task, tok) if backend is None else
-                 PolicyModel(backend, tok, positions, max_new_tokens, turn_offset=index * max_turns))
-        records.append(run_episode(env, task, model, env.workspace(task["files"]), max_turns, meta, policy,
-                                   temperature))
-        if progress:
-            print(f"\rpydantic-ai episodes {index + 1}/{len(tasks) * samples}", end="", flush=True)
-    if progress:
-        print()
-    return records
+    def make_model(task, index):
+        return (OracleModel(task, tok) if backend is None else
+                PolicyModel(backend, tok, positions, max_new_tokens, index * max_turns))
+    return run_bridge_episodes("pydantic-ai", HARNESS_ID, run_episode, make_model, env, tasks, policy, backend, tok,
+                               max_turns, temperature, samples, progress)

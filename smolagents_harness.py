@@ -314,27 +314,35 @@ def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
             "framework": FRAMEWORK}
 
 
-def run_smolagents_episodes(env, tasks, policy, backend, tok, max_turns, max_new_tokens, temperature,
-                            samples=1, progress=True, positions=None):
-    """Every task x `samples` inside smolagents, one episode after another; -> records in 04's eval schema
-    (iteration None, group_id "task|X-smolagents|eval") plus "framework". backend None = the oracle (tok
-    optional: it only records token ids); otherwise 04's HFBackend or VLLMBackend and the policy's tok."""
+def run_bridge_episodes(name, harness_id, run_episode, make_model, env, tasks, policy, backend, tok, max_turns,
+                        temperature, samples=1, progress=True):
+    """Every task x `samples` inside a framework, one episode after another (its loop is sequential); -> records
+    in 04's eval schema (iteration None, group_id "task|HARNESS|eval") plus "framework". backend None = the
+    oracle (tok optional: it only records token ids); otherwise 04's HFBackend or VLLMBackend and the policy's tok.
+    make_model(task, index) -> the episode's Model (the oracle's, or the policy's from turn index * max_turns on).
+    Every bridge runs its episodes through this function."""
     if max_turns < 1 or samples < 1:
-        raise BridgeError("smolagents harness: max_turns and samples must be >= 1")
-    if backend is None:
-        for task in tasks:
-            if not task.get("solution"):
-                raise BridgeError(f"task {task['task_id']!r}: the oracle needs a 'solution'")
-    elif tok is None:
-        raise BridgeError("smolagents harness: a policy backend needs the policy's tokenizer")
+        raise BridgeError(f"{name} harness: max_turns and samples must be >= 1")
+    missing = [t["task_id"] for t in tasks if backend is None and not t.get("solution")]
+    if missing:
+        raise BridgeError(f"task {missing[0]!r}: the oracle needs a 'solution'")
+    if backend is not None and tok is None:
+        raise BridgeError(f"{name} harness: a policy backend needs the policy's tokenizer")
     jobs = [(task, s) for task in tasks for s in range(samples)]
     records = []
-    for index, (task, s) in enumerate(tqdm(jobs, desc="smolagents episodes", disable=not progress, leave=False)):
-        meta = {"episode_id": f"eval-{task['task_id']}-{HARNESS_ID}-s{s}", "iteration": None, "visit": None,
-                "group_id": f"{task['task_id']}|{HARNESS_ID}|eval", "sample_index": s}
-        model = (OracleModel(task, tok) if backend is None else
-                 PolicyModel(backend, tok, positions, max_new_tokens, turn_offset=index * max_turns,
-                             model_id=str(policy)))
-        records.append(run_episode(env, task, model, env.workspace(task["files"]), max_turns, meta,
+    for index, (task, s) in enumerate(tqdm(jobs, desc=f"{name} episodes", disable=not progress, leave=False)):
+        meta = {"episode_id": f"eval-{task['task_id']}-{harness_id}-s{s}", "iteration": None, "visit": None,
+                "group_id": f"{task['task_id']}|{harness_id}|eval", "sample_index": s}
+        records.append(run_episode(env, task, make_model(task, index), env.workspace(task["files"]), max_turns, meta,
                                    policy, temperature))
     return records
+
+
+def run_smolagents_episodes(env, tasks, policy, backend, tok, max_turns, max_new_tokens, temperature,
+                            samples=1, progress=True, positions=None):
+    """The episodes inside smolagents' text mode (run_bridge_episodes)."""
+    def make_model(task, index):
+        return (OracleModel(task, tok) if backend is None else
+                PolicyModel(backend, tok, positions, max_new_tokens, index * max_turns, str(policy)))
+    return run_bridge_episodes("smolagents", HARNESS_ID, run_episode, make_model, env, tasks, policy, backend, tok,
+                               max_turns, temperature, samples, progress)

@@ -29,7 +29,8 @@ from smolagents.models import ChatMessageToolCall, ChatMessageToolCallFunction
 import smolagents_harness as text_bridge
 from generation import (ToolTemplate, encode, extend_prompt, parse_tool_calls, sampled_reply, scripted_reply,
                         tool_call_text)
-from smolagents_harness import BridgeError, ContextLimit, Environment, safe  # noqa: F401  (04 uses Environment)
+from smolagents_harness import ContextLimit, run_bridge_episodes, safe
+from smolagents_harness import BridgeError, Environment  # noqa: F401  (04 uses them through this module)
 
 HARNESS_ID = "X-smolagents-native"
 FRAMEWORK = f"{text_bridge.FRAMEWORK} (native tool calls)"  # e.g. "smolagents 1.26.0 (native tool calls)"
@@ -112,23 +113,8 @@ def run_native_episodes(env, tasks, policy, backend, tok, max_turns, max_new_tok
                         progress=True, positions=None):
     """Every task x `samples` inside smolagents with native tool calls, one after another; -> 04's eval records
     (group_id "task|X-smolagents-native|eval") + "framework". backend None = the oracle (tok optional)."""
-    if max_turns < 1 or samples < 1:
-        raise BridgeError("smolagents (native) harness: max_turns and samples must be >= 1")
-    if backend is not None and tok is None:
-        raise BridgeError("smolagents (native) harness: a policy backend needs the policy's tokenizer")
-    missing = [t["task_id"] for t in tasks if backend is None and not t.get("solution")]
-    if missing:
-        raise BridgeError(f"task {missing[0]!r}: the oracle needs a 'solution'")
-    records = []
-    for index, (task, s) in enumerate((task, s) for task in tasks for s in range(samples)):
-        meta = {"episode_id": f"eval-{task['task_id']}-{HARNESS_ID}-s{s}", "iteration": None, "visit": None,
-                "group_id": f"{task['task_id']}|{HARNESS_ID}|eval", "sample_index": s}
-        model = (OracleModel(task, tok) if backend is None else
-                 PolicyModel(backend, tok, positions, max_new_tokens, index * max_turns, str(policy)))
-        records.append(run_episode(env, task, model, env.workspace(task["files"]), max_turns, meta, policy,
-                                   temperature))
-        if progress:
-            print(f"\rsmolagents (native) episodes {index + 1}/{len(tasks) * samples}", end="", flush=True)
-    if progress:
-        print()
-    return records
+    def make_model(task, index):
+        return (OracleModel(task, tok) if backend is None else
+                PolicyModel(backend, tok, positions, max_new_tokens, index * max_turns, str(policy)))
+    return run_bridge_episodes("smolagents (native)", HARNESS_ID, run_episode, make_model, env, tasks, policy, backend,
+                               tok, max_turns, temperature, samples, progress)
