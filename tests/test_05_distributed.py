@@ -47,7 +47,8 @@ def launch(argv, mode):
     torchrun (distributed.py over a group of one, as on one GPU): rank1, rank1-fsdp."""
     if mode == "one":
         return T05.main(argv)
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+    # CUDA hidden: these are gloo ranks on the CPU, also on a GPU machine (2 NCCL ranks need 2 GPUs)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
                HARNESS_05_TEST_VARIANTS="naive-local-nb" if mode == "naive" else "")
     ranks = "1" if mode.startswith("rank1") else "2"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", ranks, "--",
@@ -200,4 +201,8 @@ def test_one_rank_under_torchrun_is_the_one_process_update_exactly(update, mode)
     """torchrun --nproc_per_node 1 (a user with one GPU; bench/gpu_check.py's torchrun step) runs distributed.py
     over a group of one, with and without FSDP2: every sum is over one rank, so the weights are the one
     process's, bit for bit."""
-    assert torch.equal(flat(update("grpo", mode)), flat(update("grpo", "one")))
+    one, rank1 = flat(update("grpo", "one")), flat(update("grpo", mode))
+    if torch.cuda.is_available():  # "one" ran on the GPU here, the ranks on the CPU: the 2-rank tolerance
+        assert (rank1 - one).norm() <= TOL * (one - update.theta0["grpo"]).norm()
+    else:
+        assert torch.equal(rank1, one)
