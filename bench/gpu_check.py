@@ -72,6 +72,17 @@ SIZES = {
                 pytest=["tests/test_05_numerics.py"]),
 }
 TIMEOUTS = dict(train=240, rollout=240, pipeline=240, pytest_05=180, torchrun=120)
+BUDGET_S = dict(cuda=450, cpu=1200)  # the whole check (--budget-s): a step gets what is left of it at the most, so
+# one device call of 8 minutes brings back every figure that fit; a step started with under 10 s left is skipped
+DEADLINE = [float("inf")]  # set in main: time.perf_counter() + --budget-s
+
+
+def timeout(name):
+    """Seconds a step's child may run: its own limit, or what is left of the budget if that is less."""
+    left = DEADLINE[0] - time.perf_counter()
+    if left < 10:
+        raise RuntimeError(f"skipped: the check's time budget (--budget-s) was spent before {name}")
+    return min(TIMEOUTS[name], left)
 # runs a stage's command line (runpy, as `python SCRIPT ARGS`), then prints its peak memory
 PEAK_RUNNER = r'''
 import json, resource, runpy, sys
@@ -94,6 +105,8 @@ def parse_args(argv=None):
                    "(default: cuda when torch sees a GPU)")
     p.add_argument("--out", default=str(ROOT / "bench" / "gpu_check.json"), help="JSON file of every figure")
     p.add_argument("--work", help="folder for the models and runs (default: a temporary one, deleted at the end)")
+    p.add_argument("--budget-s", type=float, help="the whole check's wall time in seconds (default: 450 on cuda, "
+                   "under the device's 8 minutes; 1200 on cpu)")
     p.add_argument("--phase", choices=["bare"], help=argparse.SUPPRESS)  # the bare loop, in its own process
     return p.parse_args(argv)
 
@@ -235,7 +248,7 @@ def train_flags(ctx, out, extra):
 def step_train(ctx, name, extra):
     out = ctx["work"] / name / "policy"
     text = run([sys.executable, "-c", PEAK_RUNNER, "05_train.py", *train_flags(ctx, out, extra)], ctx["env"],
-               TIMEOUTS["train"])
+               timeout("train"))
     peak = json.loads(re.findall(r"^GPU_CHECK_PEAK (.*)$", text, re.M)[-1])
     c = json.loads((out.parent / "05_train_config.json").read_text())
     seqs = merged_sequences(ctx["work"] / "rollouts.jsonl")
@@ -323,7 +336,7 @@ def bare_loop(work, mb_tokens, epochs=2, minibatches=2, lr=1e-6, seed=0):
 
 def step_bare(ctx):
     text = run([sys.executable, __file__, "--phase", "bare", "--work", ctx["work"], "--device", ctx["mode"]],
-               ctx["env"], TIMEOUTS["train"])
+               ctx["env"], timeout("train"))
     r = json.loads(re.findall(r"^BARE (.*)$", text, re.M)[-1])
     res = dict(work_s=r["seconds"], tokens=r["tokens"], tokens_per_s=r["tokens"] / r["seconds"],
                optimizer_steps=r["steps"], device=r["device"], bf16=r["bf16"])
@@ -344,7 +357,7 @@ def step_rollout(ctx):
     run([sys.executable, "04_rollout.py", "--run", r, "--iteration", 0, "--policy", ctx["work"] / "model",
          "--backend", "hf", "--tasks", "data/train_tasks.jsonl", "--tasks-per-iteration", s["tasks"],
          "--group-size", s["group"], "--max-turns", s["turns"], "--max-new-tokens", s["tokens"], "--seed", 0],
-        ctx["env"], TIMEOUTS["rollout"])
+        ctx["env"], timeout("rollout"))
     process_s = time.perf_counter() - t
     c = json.loads((r / "iter_000" / "04_rollout_config.json").read_text())
     recs = [json.loads(x) for x in (r / "iter_000" / "rollouts.jsonl").read_text().splitlines() if x.strip()]
@@ -362,7 +375,7 @@ def step_pipeline(ctx):
     r = ctx["work"] / "pipeline"
     t = time.perf_counter()
     run([sys.executable, "pipeline.py", "--run", r, "--warmstart", ctx["work"] / "warmstart",  # not a cached one
-         *ctx["sizes"]["pipeline"]], ctx["env"], TIMEOUTS["pipeline"])
+         *ctx["sizes"]["pipeline"]], ctx["env"], timeout("pipeline"))
     configs = [*r.rglob("05_train_config.json"), *(ctx["work"] / "warmstart").rglob("05_train_config.json")]
     devices = sorted({json.loads(p.read_text()).get("device") for p in configs})
     return dict(wall_s=time.perf_counter() - t, flags=" ".join(map(str, ctx["sizes"]["pipeline"])),
@@ -373,7 +386,7 @@ def step_pipeline(ctx):
 def step_pytest(ctx):
     files = ctx["sizes"]["pytest"]
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files], cwd=ROOT,
-                          env=ctx["env"], capture_output=True, text=True, timeout=TIMEOUTS["pytest_05"])
+                          env=ctx["env"], capture_output=True, text=True, timeout=timeout("pytest_05"))
     last = (proc.stdout.strip().splitlines() or [""])[-1]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)", last)}
     if proc.returncode:
@@ -387,7 +400,7 @@ def step_torchrun(ctx, fsdp):
            "05_train.py", "--algo", "grpo", "--policy", ctx["work"] / "tiny", "--rollouts",
            ctx["work"] / "tiny_rollouts.jsonl", "--out", out, "--lr", 1e-4, "--seed", 0] + (["--fsdp"] if fsdp else [])
     proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=ctx["env"], capture_output=True, text=True,
-                          timeout=TIMEOUTS["torchrun"])
+                          timeout=timeout("torchrun"))
     text = proc.stdout + proc.stderr
     if proc.returncode == 0:
         c = json.loads((out.parent / "05_train_config.json").read_text())
@@ -482,6 +495,7 @@ def main(argv=None):
     background = [n for n in ("pipeline",) if mode == "cpu"]
     threads = [threading.Thread(target=run_step, args=(ctx, n, dict(steps)[n])) for n in background]
     start = time.perf_counter()
+    DEADLINE[0] = start + (args.budget_s or BUDGET_S[mode])
     for th in threads:
         th.start()
     for name, fn in steps:

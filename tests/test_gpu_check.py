@@ -35,6 +35,21 @@ def test_the_device_config_is_qwen25_05b(tmp_path):
     assert tiny["vocab_size"] == 300 and tiny["hidden_size"] < 896 and tiny["rope_theta"] == 1e6
 
 
+def test_a_step_gets_what_is_left_of_the_budget():
+    """--budget-s: a child's timeout is its own limit or the budget's rest; under 10 s left, the step is skipped."""
+    import time
+    try:
+        G.DEADLINE[0] = float("inf")
+        assert G.timeout("train") == G.TIMEOUTS["train"]
+        G.DEADLINE[0] = time.perf_counter() + 100
+        assert 90 < G.timeout("train") <= 100
+        G.DEADLINE[0] = time.perf_counter() + 5
+        with pytest.raises(RuntimeError, match="skipped"):
+            G.timeout("pipeline")
+    finally:
+        G.DEADLINE[0] = float("inf")
+
+
 @pytest.mark.slow
 def test_cpu_mode_runs_every_step(tmp_path):
     out = tmp_path / "check.json"
