@@ -151,12 +151,6 @@ def harness_pool(run, names, pool=()):
 EXTERNAL = HERE / "data" / "external_harnesses.json"  # X-shell and X-react: --harnesses external
 
 
-def __getattr__(name):  # the attribute EXTERNAL_HARNESSES (tests): the file above, read when asked for, not at import
-    if name != "EXTERNAL_HARNESSES":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return load_harness_file(EXTERNAL)
-
-
 # ============================================================================= the algorithm
 # ----------------------------------------------------------------------------- the verifier
 def normalise(s):

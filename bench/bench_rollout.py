@@ -45,7 +45,7 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="bench04_"))
     subprocess.run([sys.executable, str(ROOT / "01_harness_space.py"), "--run", str(tmp)], check=True,
                    capture_output=True)
-    harnesses = R.load_run_harnesses(tmp, "harness_space.jsonl") + R.EXTERNAL_HARNESSES
+    harnesses = R.load_run_harnesses(tmp, "harness_space.jsonl") + R.load_harness_file(R.EXTERNAL)
     tasks = R.load_tasks(ROOT / "data" / "test_tasks.jsonl")
     jobs = [(t, h, {}) for h in harnesses for t in tasks]
 

@@ -131,3 +131,16 @@ def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit
             model.lm_head.weight[tok.eos_token_id, 0] = stop_logit / hidden ** 0.5  # normalised dim 0 ~ sqrt(hidden)
     model.save_pretrained(out)
     return Path(out)
+
+
+class Recording:
+    """A generation backend that passes every call on to `backend` and keeps (prompt ids, (ids, logprobs)) of
+    each in .calls: what the policy was given and what it sampled, to check a bridge's records against."""
+
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
+
+    def generate(self, prompts, turn):
+        out = self.backend.generate(prompts, turn)
+        self.calls.append((prompts[0], out[0]))
+        return out

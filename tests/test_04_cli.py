@@ -343,8 +343,9 @@ def test_bad_input_names_file_line_and_field_and_writes_nothing(tmp_path, capsys
     expect_error(capsys, base[:-4] + ["--harnesses", "S0-T0-O0-C0-W0,S9-T0-O0-C0-W0", "--out", str(out)] + tasks_arg,
                  "unknown harness id 'S9-T0-O0-C0-W0'")
     expect_error(capsys, base[:-4] + ["--harnesses", "heldout:x", "--out", str(out)] + tasks_arg, "heldout:N")
-    (tmp_path / "h.json").write_text(json.dumps(dict(R.EXTERNAL_HARNESSES[0], harness_id="X-bad",
-                                                     specs=dict(R.EXTERNAL_HARNESSES[0]["specs"], T={"syntax": "?"}))))
+    shell = R.load_harness_file(R.EXTERNAL)[0]
+    (tmp_path / "h.json").write_text(json.dumps(dict(shell, harness_id="X-bad",
+                                                     specs=dict(shell["specs"], T={"syntax": "?"}))))
     expect_error(capsys, base[:-4] + ["--harnesses", "external", "--harness-file", str(tmp_path / "h.json"), "--out",
                                       str(out)] + tasks_arg, "h.json", "specs.T")
     expect_error(capsys, base[:4] + ["missing_policy", "--harnesses", "base", "--out", str(out)] + tasks_arg,

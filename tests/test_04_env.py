@@ -12,7 +12,7 @@ import helpers_04 as H
 
 R = load_stage("04_rollout.py")
 SPACE = H.by_id(H.space_records())
-EXT = {h["harness_id"]: h for h in R.EXTERNAL_HARNESSES}
+EXT = {h["harness_id"]: h for h in R.load_harness_file(R.EXTERNAL)}
 TASK = {"task_id": "t", "family": "lookup", "request": "What is the code in river.txt? Submit the number.",
         "files": {"river.txt": "code: 417\nsize: 23", "stone.txt": "code: 58"},
         "checker": {"type": "answer_equals", "value": "417"}}
@@ -371,10 +371,10 @@ def test_system_prompt_rendering_of_the_base_harness():
 
 def test_builtin_external_harnesses_come_from_the_data_file():
     path = H.ROOT / "data" / "external_harnesses.json"
-    assert [h["harness_id"] for h in R.EXTERNAL_HARNESSES] == ["X-shell", "X-react"]
-    assert R.EXTERNAL_HARNESSES == R.load_harness_file(path) == json.loads(path.read_text())
-    assert all(h["external"] and h["levels"] is None for h in R.EXTERNAL_HARNESSES)
-    assert [h["specs"]["T"]["syntax"] for h in R.EXTERNAL_HARNESSES] == ["shell", "react"]
+    assert [h["harness_id"] for h in R.load_harness_file(R.EXTERNAL)] == ["X-shell", "X-react"]
+    assert R.load_harness_file(R.EXTERNAL) == R.load_harness_file(path) == json.loads(path.read_text())
+    assert all(h["external"] and h["levels"] is None for h in R.load_harness_file(R.EXTERNAL))
+    assert [h["specs"]["T"]["syntax"] for h in R.load_harness_file(R.EXTERNAL)] == ["shell", "react"]
 
 
 # ----------------------------------------------------------------------------- issue 10: defects that must stay fixed

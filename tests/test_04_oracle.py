@@ -20,7 +20,7 @@ def one_per_family(tasks):
 
 
 def external_harnesses():
-    return R.EXTERNAL_HARNESSES + R.load_harness_file(EXAMPLE)
+    return R.load_harness_file(R.EXTERNAL) + R.load_harness_file(EXAMPLE)
 
 
 def assert_all_solved(records):

@@ -177,16 +177,10 @@ def test_a_tiny_policy_runs_token_in_token_out(tiny, name):
     module = BRIDGES[name][0]
     path, tok = tiny
     backend = R.HFBackend(path, tok, types.SimpleNamespace(temperature=1.0, max_new_tokens=16, seed=0))
-    calls = []
-
-    class Recording:
-        def generate(self, prompts, turn):
-            out = backend.generate(prompts, turn)
-            calls.append((prompts[0], out[0]))
-            return out
-
+    recording = H.Recording(backend)
+    calls = recording.calls
     R.seed_everything(0)
-    model = module.PolicyModel(Recording(), tok, 8192, 16)
+    model = module.PolicyModel(recording, tok, 8192, 16)
     rec = module.run_episode(ENV, TASK, model, R.Workspace(TASK["files"]), 3, META, "tiny", 1.0)
     assert rec["finish_reason"] in ("submitted", "turn_budget") and 0.0 <= rec["reward"] <= 1.0
     assert len(calls) == rec["turns"] == len(rec["model_turns"])

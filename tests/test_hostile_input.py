@@ -20,7 +20,7 @@ CORPUS = [json.loads(line)["reply"] for line in (ROOT / "tests" / "data" / "host
 SPACE = {h["harness_id"]: h for h in S01.build_space(S01.COMPONENTS)}  # 01's own realisations
 EXAMPLE = R.load_harness_file(ROOT / "data" / "example_harness.json")
 HARNESSES = [SPACE[i] for i in ("S0-T0-O0-C0-W0", "S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T0-O2-C2-W2",
-                                "S2-T1-O0-C2-W2", "S1-T2-O1-C0-W1")] + R.EXTERNAL_HARNESSES + EXAMPLE
+                                "S2-T1-O0-C2-W2", "S1-T2-O1-C0-W1")] + R.load_harness_file(R.EXTERNAL) + EXAMPLE
 TASK = next(t for t in H.read_tasks("test_tasks.jsonl") if t["family"] == "edit")  # writes a file: every tool
 META = {"episode_id": "e", "iteration": None, "visit": None, "group_id": "g", "sample_index": 0}
 
@@ -105,7 +105,8 @@ def test_a_typed_surrogate_through_04s_cli_write_then_read_then_submit(hid, tiny
     run = tmp_path / "run"
     H.write_jsonl(run / "harness_space.jsonl", list(SPACE.values()))
     H.write_jsonl(tmp_path / "tasks.jsonl", [TASK])
-    syntax = (SPACE.get(hid) or next(h for h in R.EXTERNAL_HARNESSES if h["harness_id"] == hid))["specs"]["T"]["syntax"]
+    external = {h["harness_id"]: h for h in R.load_harness_file(R.EXTERNAL)}
+    syntax = (SPACE.get(hid) or external[hid])["specs"]["T"]["syntax"]
     monkeypatch.setattr(ScriptedBackend, "replies", SURROGATE_SCRIPT[syntax])
     monkeypatch.setattr(R, "HFBackend", ScriptedBackend)
     out = tmp_path / "out.jsonl"

@@ -25,7 +25,7 @@ def replies(tmp_path_factory):
     space = [json.loads(x) for x in (run / "harness_space.jsonl").read_text().splitlines()]
     tasks = R.load_tasks(ROOT / "data" / "train_tasks.jsonl") + R.load_tasks(ROOT / "data" / "test_tasks.jsonl")
     out = set()
-    for h in space + R.EXTERNAL_HARNESSES:
+    for h in space + R.load_harness_file(R.EXTERNAL):
         episodes = [R.Episode(t, h, 8, {}) for t in tasks]
         while any(not e.done for e in episodes):
             for e in [e for e in episodes if not e.done]:

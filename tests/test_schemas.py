@@ -57,7 +57,7 @@ def test_long_values_are_clipped_in_the_message(capsys):
 
 # ----------------------------------------------------------------------------- harness records
 def all_harnesses():
-    return (H.space_records() + S01.build_space(S01.COMPONENTS) + R.EXTERNAL_HARNESSES
+    return (H.space_records() + S01.build_space(S01.COMPONENTS) + R.load_harness_file(R.EXTERNAL)
             + R.load_harness_file(ROOT / "data" / "example_harness.json"))
 
 
@@ -190,7 +190,7 @@ def oracle_records(tok=None):
     jobs = [(t, space[(7 * i) % 243], {"episode_id": f"e{i}", "iteration": None, "visit": None,
                                        "group_id": f"g{i}", "sample_index": 0}) for i, t in enumerate(tasks)]
     jobs += [(tasks[0], h, {"episode_id": h["harness_id"], "iteration": 3, "visit": 1, "group_id": "g",
-                            "sample_index": 2}) for h in R.EXTERNAL_HARNESSES]
+                            "sample_index": 2}) for h in R.load_harness_file(R.EXTERNAL)]
     records = R.run_episodes(jobs, "oracle", max_turns=2, progress=False)  # 2 turns: some run out of them
     for r in records:
         r["sampler"] = {"backend": "oracle", "dtype": None}

@@ -131,15 +131,9 @@ def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
             assert all(lp <= 0.0 for lp in turn["logprobs"])
     # token in, token out: every prompt is the encoding of the messages smolagents sent, and every completion is
     # the backend's sample, unchanged (replayed here through a recording backend)
-    calls = []
-
-    class Recording:
-        def generate(self, prompts, turn):
-            out = backend.generate(prompts, turn)
-            calls.append((prompts[0], out[0]))
-            return out
-
-    model = B.PolicyModel(Recording(), tok, 8192, 24)
+    recording = H.Recording(backend)
+    calls = recording.calls
+    model = B.PolicyModel(recording, tok, 8192, 24)
     rec = B.run_episode(ENV, TEST_TASKS[0], model, R.Workspace(TEST_TASKS[0]["files"]), 3, META, "tiny", 1.0)
     assert len(calls) == len(model.sent) == rec["turns"] == len(rec["model_turns"])
     extended = 0
