@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 
 from intervals import fmt, pair_means, pass1_ci, task_means, wilson
-from intervals import betainc, clopper_pearson, trials_per_task  # noqa: F401 (tests check them as 06's)
 from plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text, run_child, write_atomic
 from schemas import load_rollouts
 

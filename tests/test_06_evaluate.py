@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT, load_stage, run_stage
 
 ev = load_stage("06_evaluate.py")
+stats = load_stage("intervals.py")  # the interval statistics 06 imports
 BASE = "S0-T0-O0-C0-W0"
 SPACE_IDS = ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W1"]
 
@@ -63,7 +64,7 @@ def test_clopper_pearson_at_every_count():
     assert ev.pass1_ci([1.0] * 40, 1000, 0)[0] == pytest.approx([1 - 0.0881, 1], abs=1e-4)
     # the incomplete beta behind it, against the binomial tail: I_p(k, n - k + 1) = P(X >= k)
     for k, n, p in ((3, 10, 0.2), (1, 40, 0.01), (7, 18, 0.5), (20, 24, 0.9)):
-        assert ev.betainc(k, n - k + 1, p) == pytest.approx(1 - binom_cdf(k - 1, n, p), abs=1e-12)
+        assert stats.betainc(k, n - k + 1, p) == pytest.approx(1 - binom_cdf(k - 1, n, p), abs=1e-12)
     none = ev.score_split([episode(f"t{i}", BASE, False) for i in range(40)], 500, 0)
     assert none["ci_method"] == "exact" and none["ci95"] == pytest.approx([0, 0.0881], abs=1e-4)
     every = ev.score_split([episode(f"t{i}", h, True) for i in range(40) for h in SPACE_IDS], 500, 0)
@@ -80,10 +81,10 @@ def test_korn_graubard_interval_by_hand_and_its_coverage():
     p, var = v.mean(), v.var(ddof=1) / len(v)
     n_eff = p * (1 - p) / var * (1.959964 / 2.364624) ** 2  # t_{7, 0.975} = 2.364624
     (lo, hi), method = ev.pass1_ci(v, 1000, 0)
-    assert method == "korn-graubard" and ev.trials_per_task(v) == 4
-    assert [lo, hi] == pytest.approx(ev.clopper_pearson(p * n_eff, n_eff), abs=1e-4)
+    assert method == "korn-graubard" and stats.trials_per_task(v) == 4
+    assert [lo, hi] == pytest.approx(stats.clopper_pearson(p * n_eff, n_eff), abs=1e-4)
     # no spread: the cap n m, with m = 2 read off the values (halves; the smallest m, so the wider interval)
-    assert ev.pass1_ci(np.full(24, 0.5), 1000, 0)[0] == pytest.approx(ev.clopper_pearson(24, 48), abs=1e-4)
+    assert ev.pass1_ci(np.full(24, 0.5), 1000, 0)[0] == pytest.approx(stats.clopper_pearson(24, 48), abs=1e-4)
     rng = np.random.default_rng(0)
     for p_true in (0.05, 0.2):
         q = rng.beta(p_true * 7 / 3, (1 - p_true) * 7 / 3, size=(400, 24))  # intra-task correlation 0.3
