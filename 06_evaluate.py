@@ -2,9 +2,13 @@
 
 The paper's evaluation (summary, "Experiment"): pass@1 on (1) the base harness, (2) held-out
 configurations of the factorised space H that were never trained on (in-space combinatorial
-generalisation, H minus H_tr), (3) harnesses outside the space (out-of-space / black-box), and (4) a
-real agent framework nobody designed for this experiment, smolagents (its own column, named after the
-framework and its version, like the paper's Claude Code column; `--no-smolagents` skips it).
+generalisation, H minus H_tr), and (3) real agent frameworks outside the space, which call tools in the
+model's own function-calling format (docs/blackbox.md): smolagents' ToolCallingAgent with native tool calls
+(the paper's Claude Code column: every policy is evaluated in it, none trains in it) and pydantic-ai's Agent
+(the OpenClaw column: the black-box baselines train in it, so for them it is marked "trained in", not a
+transfer figure). Two more columns hold harnesses whose call syntax no policy has seen: X-shell and X-react
+(04's external harnesses, minus any the run trained on), and smolagents' text `Action: {json}` mode. Each
+framework column is titled by the framework and version its episodes ran in.
 
 This stage owns no environment: it asks stage 04 (eval mode) for the rollouts of each split and
 scores them. Everything it prints is computed from those rollout files.
@@ -14,13 +18,18 @@ scores them. Everything it prints is computed from those rollout files.
     python 06_evaluate.py --run runs/default --policy runs/default/init_policy --label warm-start
     # an experiment's shared In-Space evaluation set instead of the seeded --heldout sample
     python 06_evaluate.py --run runs/exp/oa --eval-harnesses runs/exp/eval_harnesses.jsonl --label oa
+    # the framework columns on the first 8 tasks, pydantic-ai's on 16, smolagents' text mode left out
+    python 06_evaluate.py --run runs/default --label oa --framework-tasks 8,pydantic-ai=16,smolagents=0
+    # a black-box baseline that trained inside pydantic-ai: its pydantic-ai column is marked "trained in"
+    python 06_evaluate.py --run runs/exp/blackbox-rl --label blackbox-rl --trained-in X-pydantic-ai
     # score rollouts that already exist, without calling 04 (e.g. made on another machine)
     python 06_evaluate.py --run runs/default --label harness-scaling --no-rollout
     # the paper's table across runs (paired differences to a reference row): compare.py, on these folders
     python compare.py runs/default runs/single-harness
 
 Reads   RUN/train_harnesses.jsonl, RUN/heldout_harnesses.jsonl (from 02), RUN/iter_*/rollouts.jsonl
-Writes  RUN/eval/<label>/{base,inspace,external,smolagents}.jsonl   (rollouts made by 04 --eval)
+Writes  RUN/eval/<label>/<split>.jsonl  (rollouts made by 04 --eval), one per split: base, inspace,
+        smolagents-native, pydantic-ai, external, smolagents
         RUN/eval/<label>/checkpoint.json                 (what made those rollouts: reuse only for the same)
         RUN/eval_summary.json  RUN/results.md            (every label evaluated in this run)
         RUN/learning_curve.png                           (when matplotlib is installed)
@@ -41,8 +50,15 @@ from plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text,
 from schemas import load_rollouts
 
 HERE = Path(__file__).resolve().parent
-SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
-SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "external": "Out-of-Space", "smolagents": "smolagents"}
+# The table's columns (split names; RUN/eval/<label>/<split>.jsonl): Base, In-Space, the two framework columns
+# with native tool calls, then the unseen-call-syntax columns (04's external harnesses; smolagents' text mode).
+SPLITS = ["base", "inspace", "smolagents-native", "pydantic-ai", "external", "smolagents"]
+# A framework column: 04 --harnesses NAME runs its episodes inside the framework; its bridge records this harness id.
+FRAMEWORKS = {"smolagents-native": "X-smolagents-native", "pydantic-ai": "X-pydantic-ai", "smolagents": "X-smolagents"}
+# Column titles: {fw} = the framework and version the episodes recorded (e.g. "pydantic-ai 2.68.0"), {ids} = the
+# split's harness ids
+SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "{fw} native", "pydantic-ai": "{fw}",
+                "external": "Unseen syntax: {ids}", "smolagents": "Unseen syntax: {fw} text"}
 COMPONENTS = ["S", "T", "O", "C", "W"]
 
 
@@ -68,10 +84,16 @@ def parse_args(argv=None):
     evalset.add_argument("--base-harness", default="S0-T0-O0-C0-W0", help="id of the base harness (the Base column)")
     evalset.add_argument("--harness-file", action="append", default=[],
                          help="extra out-of-space harness JSON file(s), passed on to 04: your own black-box harness")
+    evalset.add_argument("--framework-tasks", default=None, metavar="N|NAME=N[,...]",
+                         help="framework columns (NAME: smolagents-native, pydantic-ai, smolagents) on the first N "
+                              "evaluation tasks (their episodes run one by one); a bare N sets all three, 0 leaves a "
+                              "column out (default: every task), e.g. 8,smolagents=0")
     evalset.add_argument("--no-smolagents", action="store_true",
-                         help="skip the smolagents column (episodes inside smolagents' ToolCallingAgent, one by one)")
-    evalset.add_argument("--smolagents-tasks", type=int, default=None,
-                         help="smolagents column: only the first N evaluation tasks (its episodes run one by one)")
+                         help="leave out smolagents' text-mode column (the same as --framework-tasks smolagents=0)")
+    what.add_argument("--trained-in", default=None, metavar="ID[,ID...]",
+                      help="out-of-space harness ids this policy trained in besides RUN/train_harnesses.jsonl (a "
+                           "black-box baseline: X-pydantic-ai): a framework column with one is marked trained in, "
+                           "the unseen-syntax column leaves it out")
     sampling.add_argument("--samples", type=int, default=1, help="samples per (task, harness) pair")
     sampling.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     sampling.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend of 04")
@@ -105,8 +127,30 @@ def levels_of(harness_id):
     return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
 
 
-def wanted_splits(args):
-    return [s for s in SPLITS if not (s == "smolagents" and args.no_smolagents)]
+def framework_tasks(args):
+    """--framework-tasks and --no-smolagents -> {framework split: N} (None: every task; 0: the column left out)."""
+    counts = dict.fromkeys(FRAMEWORKS)
+    for item in filter(None, (x.strip() for x in (args.framework_tasks or "").split(","))):
+        name, _, n = item.rpartition("=")
+        if (name and name not in FRAMEWORKS) or not n.isdigit():
+            fail(f"--framework-tasks {args.framework_tasks!r}: item {item!r}: expected N or NAME=N (NAME one of "
+                 f"{', '.join(FRAMEWORKS)}; N >= 0), items separated by commas, e.g. 8,smolagents=0")
+        counts.update({name: int(n)} if name else dict.fromkeys(FRAMEWORKS, int(n)))
+    if args.no_smolagents:
+        counts["smolagents"] = 0
+    return counts
+
+
+def trained_in_ids(args):
+    """--trained-in: out-of-space harness ids 06 evaluates (a framework's, or an external harness's)."""
+    known = set(FRAMEWORKS.values()) | set(harness_file_ids(HERE / "data" / "external_harnesses.json")) | \
+        {h for f in args.harness_file for h in harness_file_ids(f)}
+    ids = list(dict.fromkeys(x.strip() for x in (args.trained_in or "").split(",") if x.strip()))
+    for hid in ids:
+        if hid not in known:
+            fail(f"--trained-in {hid!r}: not an out-of-space harness 06 evaluates ({', '.join(sorted(known))}); an "
+                 "in-space training harness belongs in RUN/train_harnesses.jsonl (02)")
+    return ids
 
 
 def pct(x, digits=0):
@@ -220,63 +264,48 @@ def checkpoint_request(args, policy):
             "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
 
 
-def check_pairs(path, rows, want, split, hint):
-    """A split file must hold exactly the (task_id, harness_id) pairs this call evaluates (smolagents: task ids)."""
-    have = {r["task_id"] for r in rows} if split == "smolagents" else {(r["task_id"], r["harness_id"]) for r in rows}
+def check_pairs(path, rows, want, hint):
+    """A split file must hold exactly the (task_id, harness_id) pairs this call evaluates."""
+    have = {(r["task_id"], r["harness_id"]) for r in rows}
     if have != want:
-        what = "task ids" if split == "smolagents" else "(task_id, harness_id) pairs"
         extra, missing = sorted(have - want), sorted(want - have)
-        fail(f"{path}: its {what} are not the ones this call evaluates ({len(extra)} extra"
-            f"{', e.g. ' + str(extra[0]) if extra else ''}; {len(missing)} missing"
-            f"{', e.g. ' + str(missing[0]) if missing else ''}); {hint}")
+        fail(f"{path}: its (task_id, harness_id) pairs are not the ones this call evaluates ({len(extra)} extra"
+             f"{', e.g. ' + str(extra[0]) if extra else ''}; {len(missing)} missing"
+             f"{', e.g. ' + str(missing[0]) if missing else ''}); {hint}")
 
 
 # ---- the algorithm ----
 # ----------------------------------------------------------------------------- rollouts via stage 04
 def make_rollouts(args, run, policy, out_dir, ids, want, splits):
-    """Ask 04 (eval mode) for the rollouts: base, in-space and out-of-space episodes in ONE 04 call (one engine
-    start with vLLM), then split by harness id into one file per split; smolagents in a call of its own.
-    Existing files are reused (resume) only if checkpoint.json says the same checkpoint and settings made them
-    and they hold exactly this call's pairs."""
+    """Ask 04 (eval mode) for the rollouts: base, in-space and external (unseen-syntax) episodes in ONE 04 call (one
+    engine start with vLLM), then split by harness id into one file per split; each framework column in a call of
+    its own (04 --harnesses NAME, on that column's tasks). Existing files are reused (resume) only if
+    checkpoint.json says the same checkpoint and settings made them and they hold exactly this call's pairs."""
     request, ck_path = checkpoint_request(args, policy), out_dir / "checkpoint.json"
     old = read_json(ck_path) if ck_path.is_file() else None
     same = old is not None and {k: old.get(k) for k in request} == request
-    redo = "pass --overwrite to redo them, or another --label"
     existing = [] if args.overwrite else [s for s in splits if (out_dir / f"{s}.jsonl").is_file()]
-    for split in existing:
-        path = out_dir / f"{split}.jsonl"
-        if old is None:
-            fail(f"{path} exists but {ck_path} does not, so what made it is unknown; {redo} "
-                "(or --no-rollout to score it as it is)")
-        if not same:
-            field = next(k for k in request if old.get(k) != request[k])
-            fail(f"{ck_path}: the rollouts in {out_dir} were made with {field} = {old.get(field)!r}, this call asks "
-                f"for {request[field]!r}; {redo}")
-        if split not in old.get("splits", []):
-            fail(f"{path} is not among the splits {ck_path} lists; {redo}")
-        rows = [r for _, r in read_jsonl(path, required=("task_id", "harness_id"))]
-        check_pairs(path, rows, want[split], split, redo)
-        print(f"[06] {path} exists, made by the same checkpoint and settings: reusing it (--overwrite to redo)")
+    check_reusable(out_dir, existing, want, request, old)
     done = set(old.get("splits", [])) if same else set()
     todo = [s for s in splits if s not in existing]
     specs = {"base": args.base_harness, "inspace": ",".join(ids["inspace"]), "external": ",".join(ids["external"])}
     tasks = tasks_file(args, out_dir)
     in_one = [s for s in todo if s in specs]  # (name, --harnesses) of each 04 call
     calls = ([("+".join(in_one), ",".join(specs[s] for s in in_one))] if in_one else []) + \
-        ([("smolagents", "smolagents")] if "smolagents" in todo else [])
+        [(s, s) for s in todo if s in FRAMEWORKS]
     for name, spec in calls:
-        out = out_dir / (f"{name}.jsonl" if name == "smolagents" else "episodes.jsonl")
+        out = out_dir / (f"{name}.jsonl" if name in FRAMEWORKS else "episodes.jsonl")
         split_tasks = tasks
-        if name == "smolagents" and args.smolagents_tasks:
-            split_tasks = out_dir / "smolagents_tasks.jsonl"
-            rows = [r for _, r in read_jsonl(tasks)][:args.smolagents_tasks]
-            write_atomic(split_tasks, "".join(json.dumps(r) + "\n" for r in rows))
+        if name in FRAMEWORKS:  # the column's tasks: the first --framework-tasks N
+            split_tasks = out_dir / f"{name}_tasks.jsonl"
+            mine = {t for t, _ in want[name]}
+            write_atomic(split_tasks, jsonl_text(r for _, r in read_jsonl(tasks) if r["task_id"] in mine))
         cmd = rollout_command(args, run, policy, spec, split_tasks, out, "external" in name)
         print(f"[06] {name}: " + " ".join(cmd[1:]), flush=True)
         # run_child passes SIGINT / SIGTERM on to 04 and waits: stopping 06 stops 04 and its vLLM engine too
         if run_child(cmd, on_stop=f"[06] the '{name}' rollouts were not finished") != 0:
             fail(f"stage 04 failed while making the '{name}' rollouts (command above)")
-        if name != "smolagents":
+        if name not in FRAMEWORKS:
             rows = [r for _, r in read_jsonl(out, required=("harness_id",))]  # one file per split, by harness id
             split_of = {args.base_harness: "base", **{h: "inspace" for h in ids["inspace"]}}
             for split in name.split("+"):
@@ -286,6 +315,26 @@ def make_rollouts(args, run, policy, out_dir, ids, want, splits):
         done |= set(name.split("+"))
         write_atomic(ck_path, json.dumps({**request, "splits": sorted(done)}, indent=2))
     return request
+
+
+def check_reusable(out_dir, existing, want, request, old):
+    """Split files already in out_dir are reused only if checkpoint.json (old) says the same checkpoint and
+    settings (request) made them, lists their split, and they hold exactly this call's pairs."""
+    ck_path, redo = out_dir / "checkpoint.json", "pass --overwrite to redo them, or another --label"
+    for split in existing:
+        path = out_dir / f"{split}.jsonl"
+        if old is None:
+            fail(f"{path} exists but {ck_path} does not, so what made it is unknown; {redo} "
+                 "(or --no-rollout to score it as it is)")
+        if {k: old.get(k) for k in request} != request:
+            field = next(k for k in request if old.get(k) != request[k])
+            fail(f"{ck_path}: the rollouts in {out_dir} were made with {field} = {old.get(field)!r}, this call asks "
+                 f"for {request[field]!r}; {redo}")
+        if split not in old.get("splits", []):
+            fail(f"{path} is not among the splits {ck_path} lists; {redo}")
+        rows = [r for _, r in read_jsonl(path, required=("task_id", "harness_id"))]
+        check_pairs(path, rows, want[split], redo)
+        print(f"[06] {path} exists, made by the same checkpoint and settings: reusing it (--overwrite to redo)")
 
 
 def rollout_command(args, run, policy, spec, tasks, out, external):
@@ -384,23 +433,34 @@ def training_curve(run):
 
 # ----------------------------------------------------------------------------- reports
 def split_title(split, summaries):
-    """Column title; the framework column is named after the framework and version its episodes ran in."""
-    names = sorted({s["splits"][split].get("framework") or "" for s in summaries if split in s["splits"]} - {""})
-    return " / ".join(names) if split == "smolagents" and names else SPLIT_TITLES[split]
+    """Column title: a framework column by the framework and version its episodes recorded (the first two words of
+    "smolagents 1.26.0 (native tool calls)"), the unseen-syntax column by its harness ids."""
+    found = [s["splits"][split] for s in summaries if split in s["splits"]]
+    fws = sorted({" ".join(x["framework"].split()[:2]) for x in found if x.get("framework")})
+    ids = sorted({h for x in found for h in x.get("per_harness", {})})
+    return SPLIT_TITLES[split].format(fw=" / ".join(fws) or split.removesuffix("-native"), ids=", ".join(ids))
 
 
+def cell(sp):
+    """A table cell: pass@1 [interval], marked where the policy trained inside that framework."""
+    return fmt(sp) + (" (trained in)" if sp and sp.get("trained_in") else "")
+
+
+TRAINED_NOTE = "(trained in): the policy trained inside this framework, so the cell is not a transfer figure."
 CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*) where every task scores 0 or 1; "
            "where a task's value is a mean over harnesses or samples, Clopper-Pearson on the effective number of "
            "trials (Korn-Graubard; coverage checked by simulation, docs/metrics.md).")
 
 
 def table(rows):
-    """rows: [(name, summary)] -> markdown table, the paper's shape."""
-    lines = ["| policy | " + " | ".join(split_title(s, [r for _, r in rows]) for s in SPLITS) + " |",
-             "| --- | " + " | ".join("---" for _ in SPLITS) + " |"]
+    """rows: [(name, summary)] -> markdown table, the paper's shape (the columns some row has)."""
+    splits = [s for s in SPLITS if any(s in x["splits"] for _, x in rows)]
+    lines = ["| policy | " + " | ".join(split_title(s, [r for _, r in rows]) for s in splits) + " |",
+             "| --- | " + " | ".join("---" for _ in splits) + " |"]
     for name, s in rows:
-        lines.append(f"| {name} | " + " | ".join(fmt(s["splits"].get(s_)) for s_ in SPLITS) + " |")
-    return "\n".join(lines)
+        lines.append(f"| {name} | " + " | ".join(cell(s["splits"].get(s_)) for s_ in splits) + " |")
+    trained = any(sp.get("trained_in") for _, x in rows for sp in x["splits"].values())
+    return "\n".join(lines + (["", TRAINED_NOTE] if trained else []))
 
 
 def results_markdown(run, summaries):
@@ -415,7 +475,7 @@ def results_markdown(run, summaries):
                 continue
             b = sp["behaviour"]
             checks = "" if b.get("workflow_checks") is None else f" of {b['workflow_checks']} checks"
-            out.append(f"| {split_title(split, [s])} | {fmt(sp)} | {sp['pairs']} | {pct(b['parse_error_rate'], 1)} "
+            out.append(f"| {split_title(split, [s])} | {cell(sp)} | {sp['pairs']} | {pct(b['parse_error_rate'], 1)} "
                        f"| {pct(b['episodes_with_error'])} | {pct(b.get('recovery_rate'))} "
                        f"| {pct(b.get('workflow_compliance'))}{checks} "
                        f"| {b['mean_turns']:.2f} |")
@@ -480,14 +540,16 @@ def evaluate(args):
     for name in ("train_harnesses.jsonl", "heldout_harnesses.jsonl"):
         if not (run / name).is_file():
             fail(f"{run / name}: file not found (run 01_harness_space.py and 02_orthogonal_design.py first)")
+    # the harnesses this policy trained in: the run's training set (02) and --trained-in (a framework, e.g.)
     train_ids = sorted({h["harness_id"] for _, h in read_jsonl(run / "train_harnesses.jsonl",
-                                                                required=("harness_id",))})
+                                                                required=("harness_id",))} | set(trained_in_ids(args)))
     ids = {"base": [args.base_harness], "inspace": inspace_ids_of(args, run, train_ids),
-           "external": external_ids_of(args, train_ids)}
+           "external": external_ids_of(args, train_ids), **{s: [h] for s, h in FRAMEWORKS.items()}}
     task_ids = [t["task_id"] for _, t in read_jsonl(args.tasks, required=("task_id",))][:args.max_tasks]
-    want = {s: {(t, h) for t in task_ids for h in hs} for s, hs in ids.items()}  # the pairs each split evaluates
-    want["smolagents"] = set(task_ids[:args.smolagents_tasks])  # smolagents: task ids (its harness id is 04's)
-    splits = [s for s in wanted_splits(args) if s != "external" or ids["external"]]
+    counts = framework_tasks(args)  # a framework column runs on the first N tasks (None: all)
+    # the (task, harness) pairs each split evaluates
+    want = {s: {(t, h) for t in task_ids[:counts.get(s)] for h in hs} for s, hs in ids.items()}
+    splits = [s for s in SPLITS if counts.get(s) != 0 and (s != "external" or ids["external"])]
 
     if args.policy:
         policy = Path(args.policy)
@@ -508,8 +570,11 @@ def evaluate(args):
     summary = {
         "label": label, "policy": str(policy), "tasks": args.tasks, "heldout_ids": ids["inspace"],
         "eval_harnesses": args.eval_harnesses, "train_ids": train_ids, "external_ids": ids["external"],
+        "framework_tasks": {s: len({t for t, _ in want[s]}) for s in FRAMEWORKS if s in splits},
         "checkpoint": checkpoint,
-        "splits": {s: score_split(eps, args.bootstrap, args.seed) for s, eps in episodes.items()},
+        # a framework column whose harness this policy trained in is not a transfer figure: marked trained_in
+        "splits": {s: {**score_split(eps, args.bootstrap, args.seed), "trained_in": FRAMEWORKS.get(s) in train_ids}
+                   for s, eps in episodes.items()},
         "per_component": per_component(episodes.get("inspace", [])),
         "training_curve": training_curve(run),
         "config": vars(args),
@@ -527,7 +592,7 @@ def read_splits(args, out_dir, splits, want):
             if args.no_rollout:
                 check_made_by(path, episodes[split], out_dir / "checkpoint.json", "score it under its own --label, "
                               "or make the rollouts again without --no-rollout")
-            check_pairs(path, episodes[split], want[split], split, "score it with the --tasks, --max-tasks, "
+            check_pairs(path, episodes[split], want[split], "score it with the --tasks, --max-tasks, "
                         "--heldout or --eval-harnesses, --seed and --harness-file it was made with")
         elif args.no_rollout:
             print(f"[06] {path} missing: split '{split}' left out")
@@ -550,7 +615,7 @@ def write_reports(run, out_dir, label, summary):
     print(table(list(summaries.items())))
     for split, s in summary["splits"].items():
         b = s["behaviour"]
-        print(f"[06] {label} {split_title(split, [summary]):>17}: pass@1 {fmt(s)} over {s['pairs']} pairs, "
+        print(f"[06] {label} {split_title(split, [summary]):>17}: pass@1 {cell(s)} over {s['pairs']} pairs, "
               f"parse errors/turn {b['parse_error_rate']:.3f}, workflow compliance {pct(b['workflow_compliance'])}, "
               f"recovery {pct(b['recovery_rate'])}, turns {b['mean_turns']:.2f}")
     print(f"[06] wrote {all_path}, {run / 'results.md'}, {out_dir / 'summary.json'}")

@@ -16,9 +16,11 @@ what each method spent (rollout episodes, minibatches, optimizer steps, wall tim
 
 ITEM: RUN (one row per label of its eval_summary.json) or [NAME=]EVALDIR[,EVALDIR...] (RUN/eval/LABEL folders;
 several = seed replicates of one method, one row: a pair's success is its mean over samples, then replicates).
-Common ground, checked: the splits every row has; Out-of-Space without the external harnesses any row trained on
-(a black-box baseline trained inside X-shell); then every row must have the same settings (SAME_CONFIG) and the
-same (task, harness) pairs in every split, and a row's replicates the same evaluation set.
+Common ground, checked: the splits every row has; the unseen-syntax column without the external harnesses any row
+trained on (X-shell, X-react: a row trained inside one); then every row must have the same settings (SAME_CONFIG)
+and the same (task, harness) pairs in every split, and a row's replicates the same evaluation set. A framework
+column whose harness a row trained in (its train_ids: a black-box baseline trained inside pydantic-ai) keeps its
+pairs and is marked "trained in" in that row: not a transfer figure.
 
 Reads   EVALDIR/summary.json (train_ids, splits, config), EVALDIR/<split>.jsonl   (06)
         --experiment EXP: EXP/experiment_config.json, and each method's run folder: iter_*/rollouts.jsonl,
@@ -35,8 +37,15 @@ import numpy as np
 from intervals import bootstrap_ci, fmt, min_detectable, pair_means, pass1_ci, sign_test, task_means
 from plumbing import fail, locked, read_json, read_jsonl, write_atomic
 
-SPLITS = ["base", "inspace", "external", "smolagents"]  # table columns: Base, In-Space, Out-of-Space, smolagents
-SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "external": "Out-of-Space", "smolagents": "smolagents"}
+# the columns, as 06 writes them (RUN/eval/<label>/<split>.jsonl): Base, In-Space, the framework columns with
+# native tool calls, the unseen-call-syntax columns; a framework column's harness id is its bridge's
+SPLITS = ["base", "inspace", "smolagents-native", "pydantic-ai", "external", "smolagents"]
+FRAMEWORKS = {"smolagents-native": "X-smolagents-native", "pydantic-ai": "X-pydantic-ai", "smolagents": "X-smolagents"}
+SPLIT_NAMES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "smolagents native",
+               "pydantic-ai": "pydantic-ai", "external": "Unseen syntax", "smolagents": "smolagents text"}
+# table titles: {fw} = the framework and version the episodes recorded, {ids} = the column's harness ids
+SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "{fw} native", "pydantic-ai": "{fw}",
+                "external": "Unseen syntax: {ids}", "smolagents": "Unseen syntax: {fw} text"}
 COMPONENTS = ["S", "T", "O", "C", "W"]
 # rows must agree on these (the engine too: an hf row and a vLLM row, or bf16 and fp32, or two context lengths,
 # sample different episodes from the same weights)
@@ -74,10 +83,12 @@ def levels_of(harness_id):
     return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
 
 
-def split_title(split, summaries):
-    """Column title; the framework column is named after the framework and version its episodes ran in."""
-    names = sorted({s["splits"][split].get("framework") or "" for s in summaries if split in s["splits"]} - {""})
-    return " / ".join(names) if split == "smolagents" and names else SPLIT_TITLES[split]
+def split_title(split, summaries, ids):
+    """Column title: a framework column by the framework and version its episodes recorded (the first two words of
+    "smolagents 1.26.0 (native tool calls)"), the unseen-syntax column by its harness ids on common ground."""
+    fws = sorted({" ".join(s["splits"][split]["framework"].split()[:2]) for s in summaries
+                  if (s["splits"].get(split) or {}).get("framework")})
+    return SPLIT_TITLES[split].format(fw=" / ".join(fws) or split.removesuffix("-native"), ids=", ".join(ids))
 
 
 # ---- input checking ----
@@ -121,7 +132,7 @@ def checked_summary(summary, where):
 
 
 def load_pairs(evaldir, summary, excluded):
-    """{split: {(task, harness): success averaged over samples}} of one EVALDIR; Out-of-Space without `excluded`."""
+    """{split: {(task, harness): success averaged over samples}} of one EVALDIR; unseen syntax without `excluded`."""
     return {split: pair_means([e for _, e in read_jsonl(evaldir / f"{split}.jsonl",
                                                         required=("task_id", "harness_id", "success"))
                                if not (split == "external" and e["harness_id"] in excluded)])
@@ -138,9 +149,9 @@ def experiment_runs(exp):
     seeds = config["seeds"]
     runs = {f"{m} (seed {s})": exp / (m if len(seeds) == 1 else f"{m}-seed{s}") for m in config["methods"]
             for s in seeds}
-    for run in runs.values():
-        if not (run / "assignment.jsonl").is_file():
-            fail(f"{run / 'assignment.jsonl'}: file not found (the experiment's runs are not all there)")
+    for run in runs.values():  # every method's run has its training set (02); a black-box one no assignment (03)
+        if not (run / "train_harnesses.jsonl").is_file():
+            fail(f"{run / 'train_harnesses.jsonl'}: file not found (the experiment's runs are not all there)")
     settings = {k: v for k, v in config.items() if k != "methods"}
     return runs, dict(settings, eval_harnesses=str(exp / "eval_harnesses.jsonl"))
 
@@ -161,7 +172,7 @@ def ground_difference(a_name, a, b_name, b, splits):
             return f"{f} differs: {a_name} has {a['config'][f]}, {b_name} has {b['config'][f]}"
     for split in splits:
         for what, key in (("harness ids", lambda p: p[1]), ("tasks", lambda p: p[0]), ("(task, harness) pairs", None)):
-            msg = first_difference(f"{SPLIT_TITLES[split]} {what}", a_name, set(map(key or tuple, a["pairs"][split])),
+            msg = first_difference(f"{SPLIT_NAMES[split]} {what}", a_name, set(map(key or tuple, a["pairs"][split])),
                                    b_name, set(map(key or tuple, b["pairs"][split])))
             if msg:
                 return msg
@@ -179,7 +190,8 @@ def compare(args):
     ref = rows[names.index(args.reference)] if args.reference is not None else rows[0]
     ground = {"splits": {s: {"tasks": len({t for t, _ in ref["pairs"][s]}), "pairs": len(ref["pairs"][s]),
                              "harness_ids": sorted({h for _, h in ref["pairs"][s]})} for s in splits},
-              "excluded_external": [h for h in excluded if levels_of(h) is None], **ref["config"]}
+              "excluded_external": [h for h in excluded if levels_of(h) is None and h not in FRAMEWORKS.values()],
+              **ref["config"]}
     report = {"reference": ref["name"], "common_ground": ground, "rows": paired_rows(rows, ref, splits, args)}
     md = compare_markdown(report, splits, [s for r in rows for s in r["summaries"]])
     if runs is not None:
@@ -193,12 +205,12 @@ def compare(args):
 
 
 def common_ground(rows):
-    """Every row's pairs on common ground: Out-of-Space without the external harnesses any row trained on, a row's
+    """Every row's pairs on common ground: unseen syntax without the external harnesses any row trained on, a row's
     replicates averaged (one evaluation set), then the splits every row has, with the same settings and (task,
     harness) pairs in every row. -> (rows with config and pairs, splits, excluded harness ids)."""
     for r in rows:
         r["train_ids"] = sorted({h for s in r["summaries"] for h in s["train_ids"]})
-    # common ground 1: Out-of-Space keeps only the external harnesses that no row trained on
+    # common ground 1: the unseen-syntax column keeps only the external harnesses that no row trained on
     excluded = sorted({h for r in rows for h in r["train_ids"]})
     for r in rows:
         reps = [{"config": {f: s["config"][f] for f in SAME_CONFIG}, "pairs": load_pairs(d, s, excluded)}
@@ -216,7 +228,7 @@ def common_ground(rows):
     splits = [s for s in SPLITS if all(r["pairs"].get(s) for r in rows)]
     for s in SPLITS:
         if s not in splits and any(s in x for r in rows for x in r["pairs"]):
-            print(f"[compare] note: {SPLIT_TITLES[s]} left out of the table: some row has no episodes in it on "
+            print(f"[compare] note: {SPLIT_NAMES[s]} left out of the table: some row has no episodes in it on "
                   f"common ground ({', '.join(r['name'] for r in rows if not r['pairs'].get(s))})")
     if not splits:
         fail("no split is common to every row")
@@ -249,7 +261,8 @@ def paired_rows(rows, ref, splits, args):
                       "better_tasks": better if other else None, "worse_tasks": worse if other else None,
                       "sign_test_p": sign_test(better, worse) if other else None,
                       "mdd80": min_detectable(d) if other else None,
-                      "identical": identical if other else None}
+                      "identical": identical if other else None,
+                      "trained_in": FRAMEWORKS.get(s) in r["train_ids"]}  # not a transfer figure for this row
         out_rows.append({"name": r["name"], "evaldirs": [str(d) for d in r["evaldirs"]],
                          "policies": [s.get("policy") for s in r["summaries"]], "train_ids": r["train_ids"],
                          "inspace_ids": sorted({h for _, h in r["pairs"].get("inspace", {})}),
@@ -259,25 +272,30 @@ def paired_rows(rows, ref, splits, args):
 
 # ----------------------------------------------------------------------------- what each method spent
 def compute_of(run):
-    """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage."""
+    """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage (None for a
+    method without an assignment: black-box RL draws its tasks without one)."""
     rollouts = [e for p in run.glob("iter_*/rollouts.jsonl")
                 for _, e in read_jsonl(p, required=("task_id", "harness_id"))]
+    demos = [e for _, e in read_jsonl(run / "sft" / "demos.jsonl", required=("harness_id",))] \
+        if (run / "sft" / "demos.jsonl").is_file() else []
     logs = [r for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")]
             for _, r in read_jsonl(p)]
     groups = {a["task_id"]: set(a["harness_ids"]) for _, a in read_jsonl(run / "assignment.jsonl",
-                                                                         required=("task_id", "harness_ids"))}
+                                                                         required=("task_id", "harness_ids"))} \
+        if (run / "assignment.jsonl").is_file() else None
     seen = {}
     for e in rollouts:
         seen.setdefault(e["task_id"], set()).add(e["harness_id"])
     times = read_json(run / "step_times.json") if (run / "step_times.json").is_file() else {}
     # minibatches: the budget every method gets; optimizer steps: those with signal (05 skips the others)
     return {"rollout_episodes": len(rollouts), "minibatches": len(logs),
-            "optimizer_steps": sum(r.get("optimizer_step", True) for r in logs),
-            "sft_demos": len(read_jsonl(run / "sft" / "demos.jsonl")) if (run / "sft").is_dir() else 0,
+            "optimizer_steps": sum(r.get("optimizer_step", True) for r in logs), "sft_demos": len(demos),
             "train_s": round(sum(v for k, v in times.items() if k[:2] in ("04", "05")), 1),
             "eval_s": round(sum(v for k, v in times.items() if k.startswith("06")), 1),
-            "tasks_trained": len(seen), "tasks_saw_all_K": sum(seen[t] == groups[t] for t in seen),
-            "training_harnesses": sorted({h for hs in seen.values() for h in hs}) or
+            "tasks_trained": len(seen),
+            "tasks_saw_all_K": None if groups is None else sum(seen[t] == groups.get(t) for t in seen),
+            # the harnesses its updates trained on: its rollouts' and demonstrations', else its training set (02)
+            "training_harnesses": sorted({e["harness_id"] for e in rollouts + demos}) or
             sorted(h["harness_id"] for _, h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",)))}
 
 
@@ -286,7 +304,8 @@ def compute_markdown(compute):
              "| method | rollout episodes | minibatches | optimizer steps (with signal) | SFT demos | train s | eval s "
              "| tasks that saw all K |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {name} | {c['rollout_episodes']} | {c['minibatches']} | {c['optimizer_steps']} | {c['sft_demos']} "
-              f"| {c['train_s']} | {c['eval_s']} | {c['tasks_saw_all_K']} / {c['tasks_trained']} |"
+              f"| {c['train_s']} | {c['eval_s']} | "
+              + ("-" if c["tasks_saw_all_K"] is None else f"{c['tasks_saw_all_K']} / {c['tasks_trained']}") + " |"
               if c["minibatches"] else f"| {name} | not run (no training log) | - | - | - | - | - | - |"
               for name, c in compute.items()]  # a method of the experiment that never trained: no zero row
     return "\n".join(lines) + "\n"
@@ -294,15 +313,16 @@ def compute_markdown(compute):
 
 def compare_markdown(report, splits, summaries):
     g, ref = report["common_ground"], report["reference"]
-    shape = "; ".join(f"{SPLIT_TITLES[s]} {g['splits'][s]['tasks']} tasks x {len(g['splits'][s]['harness_ids'])} "
+    shape = "; ".join(f"{SPLIT_NAMES[s]} {g['splits'][s]['tasks']} tasks x {len(g['splits'][s]['harness_ids'])} "
                       "harness(es)" for s in splits)
-    left = f"; Out-of-Space leaves out {', '.join(g['excluded_external'])} (trained by a row)" \
+    left = f"; Unseen syntax leaves out {', '.join(g['excluded_external'])} (trained by a row)" \
         if g["excluded_external"] and "external" in splits else ""
     lines = [f"Common ground: {shape}; samples {g['samples']}, temperature {g['temperature']}, max_turns "
              f"{g['max_turns']}, max_new_tokens {g['max_new_tokens']}{left}.", CI_NOTE,
              f"Δ = paired difference of pass@1 to {ref} in points [95% paired bootstrap over tasks, a task's "
              "harnesses kept together] (tasks better / worse, p of the exact two-sided sign test on them).", "",
-             "| policy | " + " | ".join(f"{split_title(s, summaries)} | Δ vs {ref}" for s in splits) + " |",
+             "| policy | " + " | ".join(f"{split_title(s, summaries, g['splits'][s]['harness_ids'])} | Δ vs {ref}"
+                                        for s in splits) + " |",
              "| --- |" + " --- | --- |" * len(splits)]
     for r in report["rows"]:
         cells = []
@@ -316,11 +336,14 @@ def compare_markdown(report, splits, summaries):
                 lo, hi = x["diff_ci95"]
                 delta = (f"{100 * x['diff_vs_reference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] "
                          f"({x['better_tasks']} / {x['worse_tasks']}, p {x['sign_test_p']:.2g})")
-            cells += [fmt(x), delta]
+            cells += [fmt(x) + (" (trained in)" if x["trained_in"] else ""), delta]
         name = r["name"] + (f" ({len(r['evaldirs'])} replicates)" if len(r["evaldirs"]) > 1 else "")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    mdd = [f"{SPLIT_TITLES[s]}: " + ", ".join(f"{r['name']} {100 * r['splits'][s]['mdd80']:.1f}" for r in report["rows"]
+    mdd = [f"{SPLIT_NAMES[s]}: " + ", ".join(f"{r['name']} {100 * r['splits'][s]['mdd80']:.1f}" for r in report["rows"]
                                            if r["splits"][s]["mdd80"] is not None) for s in splits]
+    if any(x["trained_in"] for r in report["rows"] for x in r["splits"].values()):
+        lines += ["", "(trained in): the row's policy trained inside this framework, so the cell is not a transfer "
+                  "figure."]
     lines += ["", "Minimum detectable difference to the reference in points (80% power, two-sided 5%, from each row's "
               "paired per-task differences; 0 where the rows never differ): " + "; ".join(mdd) + "."]
     return "\n".join(lines) + "\n"

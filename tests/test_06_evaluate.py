@@ -154,7 +154,17 @@ def make_run(tmp_path, name="run", label="mine", train=(BASE,)):
                                          for h in ("X-shell", "X-react")])
     write_jsonl(out / "smolagents.jsonl", [episode(t, "X-smolagents", t in "ab", framework="smolagents 9.9.9")
                                            for t in "abcd"])
+    write_jsonl(out / "smolagents-native.jsonl", [episode(t, "X-smolagents-native", t == "a",
+                                                          framework="smolagents 9.9.9 (native tool calls)")
+                                                  for t in "abcd"])
+    write_jsonl(out / "pydantic-ai.jsonl", [episode(t, "X-pydantic-ai", t in "abc", framework="pydantic-ai 8.8.8")
+                                            for t in "abcd"])
     return run
+
+
+ALL_SPLITS = ["base", "external", "inspace", "pydantic-ai", "smolagents", "smolagents-native"]
+HEADER = ("| policy | Base | In-Space | smolagents 9.9.9 native | pydantic-ai 8.8.8 | Unseen syntax: X-react, X-shell "
+          "| Unseen syntax: smolagents 9.9.9 text |")
 
 
 def score(run, *extra, label="mine", check=True):
@@ -170,13 +180,17 @@ def test_cli_scores_existing_rollouts_and_compares(tmp_path):
     assert summary["splits"]["inspace"]["pass@1"] == pytest.approx(1 / 3)
     assert summary["splits"]["external"]["pass@1"] == pytest.approx(1 / 8)
     assert summary["splits"]["smolagents"]["pass@1"] == pytest.approx(0.5)
+    assert summary["splits"]["smolagents-native"]["pass@1"] == pytest.approx(0.25)
+    assert summary["splits"]["pydantic-ai"]["pass@1"] == pytest.approx(0.75)
+    assert not any(sp["trained_in"] for sp in summary["splits"].values())
+    assert summary["framework_tasks"] == {"smolagents-native": 4, "pydantic-ai": 4, "smolagents": 4}
     assert summary["training_curve"] == [{"iteration": 0, "reward_mean": 0.5, "success": 0.5}]
     assert summary["train_ids"] == [BASE] and summary["eval_harnesses"] is None
     assert summary["heldout_ids"] == sorted(SPACE_IDS) and summary["external_ids"] == ["X-shell", "X-react"]
     comp = summary["per_component"]  # held-out in-space pairs only, never base
     assert sum(v["n"] for v in comp["S"].values()) == 12 and comp["T"]["T2"] == {**comp["T"]["T2"], "k": 0, "n": 4}
     md = (run / "results.md").read_text()
-    assert "| mine | 75.0 [" in md and "| Base | In-Space | Out-of-Space | smolagents 9.9.9 |" in md
+    assert "| mine | 75.0 [" in md and HEADER in md and "(trained in)" not in md
     assert "T1: 4/8 = 50% [" in md and "treated as independent" in md
     assert "| mine | 75.0 [" in proc.stdout
     assert (run / "eval" / "mine" / "summary.json").stat().st_mtime_ns >= (run / "results.md").stat().st_mtime_ns
@@ -205,12 +219,84 @@ def test_cli_bad_input_names_file_and_line(tmp_path):
     assert missing.returncode != 0 and "eval_summary.json: file not found" in missing.stderr
 
 
-def test_cli_no_smolagents_leaves_the_framework_column_out(tmp_path):
+def test_cli_no_smolagents_and_framework_tasks_leave_framework_columns_out(tmp_path):
     run = make_run(tmp_path)
     score(run, "--no-smolagents")
     summary = json.loads((run / "eval_summary.json").read_text())["mine"]
-    assert set(summary["splits"]) == {"base", "inspace", "external"}
-    assert "| Base | In-Space | Out-of-Space | smolagents |" in (run / "results.md").read_text()
+    assert set(summary["splits"]) == set(ALL_SPLITS) - {"smolagents"}
+    assert "| Base | In-Space | smolagents 9.9.9 native | pydantic-ai 8.8.8 | Unseen syntax: X-react, X-shell |" \
+        in (run / "results.md").read_text()
+    score(run, "--framework-tasks", "0")  # a bare N sets every framework column; 0 leaves it out
+    summary = json.loads((run / "eval_summary.json").read_text())["mine"]
+    assert set(summary["splits"]) == {"base", "inspace", "external"} and summary["framework_tasks"] == {}
+    assert "| policy | Base | In-Space | Unseen syntax: X-react, X-shell |" in (run / "results.md").read_text()
+    score(run, "--framework-tasks", "0,pydantic-ai=4")  # later items win
+    assert set(json.loads((run / "eval_summary.json").read_text())["mine"]["splits"]) == \
+        {"base", "inspace", "external", "pydantic-ai"}
+
+
+@pytest.mark.parametrize("spec", ["pydantic=3", "smolagents-native=-1", "x", "8,native=2", "pydantic-ai=2.5"])
+def test_bad_framework_tasks_is_one_line(tmp_path, spec):
+    run = make_run(tmp_path)
+    proc = score(run, "--framework-tasks", spec, check=False)
+    assert proc.returncode == 2 and f"--framework-tasks {spec!r}: item " in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (run / "eval_summary.json").exists()
+
+
+def test_framework_columns_hold_their_tasks_and_harness(tmp_path):
+    """A framework split file holds exactly its (task, harness) pairs: the first --framework-tasks N tasks, under
+    the harness id its bridge records; a file from another framework, or with other tasks, is refused."""
+    run = make_run(tmp_path)
+    proc = score(run, "--framework-tasks", "smolagents-native=2", check=False)
+    assert proc.returncode == 2 and "smolagents-native.jsonl: its (task_id, harness_id) pairs" in proc.stderr
+    assert "2 extra, e.g. ('c', 'X-smolagents-native')" in proc.stderr
+    out = run / "eval" / "mine"
+    write_jsonl(out / "smolagents-native.jsonl", [episode(t, "X-smolagents-native", True) for t in "ab"])
+    score(run, "--framework-tasks", "smolagents-native=2")
+    summary = json.loads((run / "eval_summary.json").read_text())["mine"]
+    assert summary["splits"]["smolagents-native"]["pairs"] == 2 and summary["splits"]["smolagents-native"]["tasks"] == 2
+    assert summary["framework_tasks"]["smolagents-native"] == 2 and summary["framework_tasks"]["pydantic-ai"] == 4
+    shutil.copy(out / "smolagents.jsonl", out / "pydantic-ai.jsonl")  # smolagents' episodes in pydantic-ai's file
+    proc = score(run, "--framework-tasks", "smolagents-native=2", check=False)
+    assert proc.returncode == 2 and "pydantic-ai.jsonl: its (task_id, harness_id) pairs" in proc.stderr
+    assert "('a', 'X-smolagents')" in proc.stderr
+    write_jsonl(out / "pydantic-ai.jsonl", [episode(t, "X-pydantic-ai", True) for t in "ab"])
+    (out / "checkpoint.json").write_text(json.dumps({"policy": "p", "splits": sorted(set(ALL_SPLITS) - {"pydantic-ai"})}))
+    proc = score(run, "--framework-tasks", "2", check=False)
+    assert proc.returncode == 2 and "pydantic-ai.jsonl is not among the splits" in proc.stderr, proc.stderr
+
+
+def test_trained_in_marks_the_framework_column(tmp_path):
+    """--trained-in X-pydantic-ai (a black-box baseline trained inside pydantic-ai): its pydantic-ai cell is marked
+    trained in, in the summary, results.md and compare.py's table; the other columns are transfer figures. An id
+    06 does not evaluate, or an in-space configuration, is refused."""
+    run = make_run(tmp_path)
+    score(run, "--trained-in", "X-pydantic-ai")
+    summary = json.loads((run / "eval_summary.json").read_text())["mine"]
+    assert summary["train_ids"] == [BASE, "X-pydantic-ai"]
+    assert [s for s, sp in summary["splits"].items() if sp["trained_in"]] == ["pydantic-ai"]
+    assert summary["splits"]["pydantic-ai"]["pass@1"] == pytest.approx(0.75)  # scored all the same
+    md = (run / "results.md").read_text()
+    assert "| 75.0 [19.4, 99.4]* (trained in) | " in md and md.count("(trained in) |") == 2  # both tables
+    assert "not a transfer figure" in md
+    assert summary["external_ids"] == ["X-shell", "X-react"]
+    other = make_run(tmp_path, "other")
+    score(other)
+    cmp = run_stage("compare.py", run / "eval" / "mine", other / "eval" / "mine", "--out", tmp_path / "cmp")
+    report = json.loads((tmp_path / "cmp.json").read_text())
+    marks = {r["name"]: [s for s, x in r["splits"].items() if x["trained_in"]] for r in report["rows"]}
+    assert marks == {"run/mine": ["pydantic-ai"], "other/mine": []}
+    assert "(trained in) |" in cmp.stdout and "not a transfer figure" in cmp.stdout
+    assert report["common_ground"]["excluded_external"] == []  # a framework id is not an unseen-syntax harness
+    for bad, why in (("X-pydantic", "not an out-of-space harness 06 evaluates"),
+                     (SPACE_IDS[0], "not an out-of-space harness 06 evaluates")):
+        proc = score(make_run(tmp_path, "bad"), "--trained-in", bad, check=False)
+        assert proc.returncode == 2 and f"--trained-in {bad!r}: {why}" in proc.stderr, proc.stderr
+    shell = make_run(tmp_path, "shell")  # an external harness trained in leaves the unseen-syntax column
+    write_jsonl(shell / "eval" / "mine" / "external.jsonl", [episode(t, "X-react", False) for t in "abcd"])
+    score(shell, "--trained-in", "X-shell")
+    summary = json.loads((shell / "eval_summary.json").read_text())["mine"]
+    assert summary["external_ids"] == ["X-react"] and not any(sp["trained_in"] for sp in summary["splits"].values())
 
 
 def test_no_rollout_refuses_files_with_other_pairs(tmp_path):
@@ -242,25 +328,32 @@ def test_eval_harnesses_file_is_the_inspace_split_and_refuses_training_harnesses
 
 # ----------------------------------------------------------------------------- stage 04 through 06 (oracle)
 def test_cli_rollouts_one_04_call_split_by_harness(tmp_path):
-    """06 asks 04 once for base + in-space + out-of-space (one engine start with vLLM) and splits the episodes
-    by harness id; smolagents runs on the first --smolagents-tasks tasks. The oracle solves all of them."""
+    """06 asks 04 once for base + in-space + unseen-syntax harnesses (one engine start with vLLM) and splits the
+    episodes by harness id; each framework column is a 04 call of its own on the first --framework-tasks tasks.
+    The oracle solves all of them."""
     import helpers_04 as H
     run = H.make_run(tmp_path / "run", {"S0-T1-O1-C1-W1"}, {})
     run_stage("06_evaluate.py", "--run", run, "--policy", "oracle", "--label", "o", "--max-tasks", 3, "--heldout", 2,
-              "--smolagents-tasks", 2)
+              "--framework-tasks", "2,smolagents=1")
     out = run / "eval" / "o"
-    ids = {s: {json.loads(x)["harness_id"] for x in (out / f"{s}.jsonl").read_text().splitlines()}
-           for s in ("base", "inspace", "external", "smolagents")}
+    rows = {s: [json.loads(x) for x in (out / f"{s}.jsonl").read_text().splitlines()] for s in ALL_SPLITS}
+    ids = {s: {e["harness_id"] for e in r} for s, r in rows.items()}
     assert ids["base"] == {"S0-T0-O0-C0-W0"} and ids["external"] == {"X-shell", "X-react"}
     assert len(ids["inspace"]) == 2 and not ids["inspace"] & {"S0-T0-O0-C0-W0", "S0-T1-O1-C1-W1"}
     assert ids["smolagents"] == {"X-smolagents"} and not (out / "episodes.jsonl").exists()
-    assert len((out / "smolagents.jsonl").read_text().splitlines()) == 2
+    assert ids["smolagents-native"] == {"X-smolagents-native"} and ids["pydantic-ai"] == {"X-pydantic-ai"}
+    assert [len(rows[s]) for s in ("smolagents", "smolagents-native", "pydantic-ai")] == [1, 2, 2]
+    assert rows["pydantic-ai"][0]["framework"].startswith("pydantic-ai ")
     summary = json.loads((run / "eval_summary.json").read_text())["o"]["splits"]
     assert all(summary[s]["pass@1"] == 1.0 for s in summary), summary
     assert summary["inspace"]["behaviour"]["workflow_compliance"] in (None, 1.0)  # None: a 04 without the counters
     ck = json.loads((out / "checkpoint.json").read_text())
     assert ck["policy"] == "oracle" and ck["fingerprint"] == "oracle" and ck["samples"] == 1
-    assert ck["splits"] == ["base", "external", "inspace", "smolagents"]
+    assert ck["splits"] == ALL_SPLITS
+    md = (run / "results.md").read_text()
+    fw = {s: rows[s][0]["framework"].split()[1] for s in ("smolagents", "pydantic-ai")}  # the installed versions
+    assert (f"| policy | Base | In-Space | smolagents {fw['smolagents']} native | pydantic-ai {fw['pydantic-ai']} | "
+            f"Unseen syntax: X-react, X-shell | Unseen syntax: smolagents {fw['smolagents']} text |") in md
 
 
 def test_eval_set_shared_across_runs_and_trained_external_leaves_out_of_space(tmp_path):
@@ -279,7 +372,7 @@ def test_eval_set_shared_across_runs_and_trained_external_leaves_out_of_space(tm
     extra = H.ROOT / "data" / "example_harness.json"  # an extra out-of-space harness: stays in Out-of-Space
     for run in (a, b):
         run_stage("06_evaluate.py", "--run", run, "--policy", "oracle", "--label", "o", "--max-tasks", 2,
-                  "--no-smolagents", "--eval-harnesses", eval_set, "--harness-file", extra)
+                  "--framework-tasks", 0, "--eval-harnesses", eval_set, "--harness-file", extra)
     pairs = {r.name: {s: {(e["task_id"], e["harness_id"]) for e in map(json.loads, (r / "eval" / "o" / f"{s}.jsonl")
                                                                           .read_text().splitlines())}
                       for s in ("base", "inspace", "external")} for r in (a, b)}
@@ -297,7 +390,7 @@ def test_eval_set_shared_across_runs_and_trained_external_leaves_out_of_space(tm
     assert [r["name"] for r in report["rows"]] == ["a/o", "b/o"] and "X-shell (trained by a row)" in cmp.stdout
     write_jsonl(eval_set, [{"harness_id": "S2-T2-O2-C2-W2"}, {"harness_id": "S0-T1-O1-C1-W1"}])
     proc = run_stage("06_evaluate.py", "--run", a, "--policy", "oracle", "--label", "o2", "--max-tasks", 2,
-                     "--no-smolagents", "--eval-harnesses", eval_set, check=False)
+                     "--framework-tasks", 0, "--eval-harnesses", eval_set, check=False)
     assert proc.returncode != 0 and f"{eval_set}:2: S0-T1-O1-C1-W1 is a training harness" in proc.stderr
 
 
@@ -313,10 +406,10 @@ def test_reused_rollouts_must_come_from_the_same_checkpoint(tmp_path):
     refused = run_stage("06_evaluate.py", *common, "--policy", ckpt, check=False)
     assert refused.returncode != 0 and "checkpoint.json does not" in refused.stderr and "--overwrite" in refused.stderr
     args = ev.parse_args(["--policy", str(ckpt), "--heldout", "3"])
-    ck = {**ev.checkpoint_request(args, ckpt), "splits": ["base", "external", "inspace", "smolagents"]}
+    ck = {**ev.checkpoint_request(args, ckpt), "splits": ALL_SPLITS}
     (run / "eval" / "mine" / "checkpoint.json").write_text(json.dumps(ck))
     ok = run_stage("06_evaluate.py", *common, "--policy", ckpt)  # every split exists: no 04 call
-    assert ok.stdout.count("reusing it") == 4
+    assert ok.stdout.count("reusing it") == 6
     (ckpt / "model.safetensors").write_bytes(b"weights-2")  # same name and size, other weights
     refused = run_stage("06_evaluate.py", *common, "--policy", ckpt, check=False)
     assert refused.returncode != 0 and "fingerprint" in refused.stderr and "another --label" in refused.stderr

@@ -71,17 +71,22 @@ def test_sign_test_against_enumeration():
         assert cmp.sign_test(b, w) == pytest.approx(min(1.0, tail if b != w else 1.0))
     assert cmp.sign_test(0, 0) == 1.0 and cmp.sign_test(5, 0) == pytest.approx(0.0625)
 
+FRAMEWORKS = {"smolagents-native": ("X-smolagents-native", "smolagents 9.9.9 (native tool calls)"),
+              "pydantic-ai": ("X-pydantic-ai", "pydantic-ai 8.8.8")}
+
+
 def make_evaldir(root, run, label, tasks="abcd", inspace=SPACE_IDS[:2], external=("X-shell", "X-react"),
-                 train=(BASE,), temperature=0.0, seed=0, **engine):
+                 train=(BASE,), temperature=0.0, seed=0, frameworks=(), **engine):
     """A RUN/eval/LABEL folder as 06 leaves it: summary.json (config, train_ids, splits) and the split files;
-    success drawn from a seeded generator so rows differ."""
+    success drawn from a seeded generator so rows differ. frameworks: framework columns (FRAMEWORKS) too."""
     d = root / run / "eval" / label
     rng = random.Random(f"{run}/{label}/{seed}")
-    split_ids = {"base": [BASE], "inspace": list(inspace), "external": list(external)}
+    split_ids = {"base": [BASE], "inspace": list(inspace), "external": list(external),
+                 **{f: [FRAMEWORKS[f][0]] for f in frameworks}}
     for split, ids in split_ids.items():
         write_jsonl(d / f"{split}.jsonl", [episode(t, h, rng.random() < 0.5) for t in tasks for h in ids])
     summary = {"label": label, "policy": f"{run}/policy", "train_ids": sorted(train), "heldout_ids": list(inspace),
-               "splits": {s: {} for s in split_ids},
+               "splits": {s: {"framework": FRAMEWORKS[s][1]} if s in FRAMEWORKS else {} for s in split_ids},
                "config": {"samples": 1, "temperature": temperature, "max_turns": 6, "max_new_tokens": 128,
                           "backend": "hf", "dtype": None, "max_model_len": None, **engine}}
     (d / "summary.json").write_text(json.dumps(summary))
@@ -158,8 +163,41 @@ def test_compare_leaves_out_a_split_some_row_lacks(tmp_path):
     (other / "summary.json").write_text(json.dumps({**json.loads((other / "summary.json").read_text()),
                                                     "splits": {"base": {}, "inspace": {}}}))
     proc = run_stage("compare.py", ref, other, "--out", tmp_path / "c")
-    assert "Out-of-Space left out of the table" in proc.stdout
+    assert "Unseen syntax left out of the table" in proc.stdout
     assert set(json.loads((tmp_path / "c.json").read_text())["common_ground"]["splits"]) == {"base", "inspace"}
+
+def test_compare_framework_columns_and_the_trained_in_mark(tmp_path):
+    """The framework columns, titled by framework and version, paired like the others; a row that trained inside
+    pydantic-ai (X-pydantic-ai in its train_ids) keeps its pairs there, marked trained in, and takes nothing out of
+    any other row or column (the unseen-syntax column leaves out only external harnesses trained in)."""
+    tasks = [f"t{i}" for i in range(8)]
+    fw = ("smolagents-native", "pydantic-ai")
+    ref = make_evaldir(tmp_path, "hs", "final", tasks=tasks, frameworks=fw)
+    bb = make_evaldir(tmp_path, "bb", "final", tasks=tasks, frameworks=fw, train=(BASE, "X-pydantic-ai"), seed=1)
+    proc = run_stage("compare.py", ref, bb, "--out", tmp_path / "c")
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert list(report["common_ground"]["splits"]) == ["base", "inspace", "smolagents-native", "pydantic-ai",
+                                                       "external"]
+    assert report["common_ground"]["splits"]["pydantic-ai"]["harness_ids"] == ["X-pydantic-ai"]
+    assert report["common_ground"]["excluded_external"] == []
+    rows = {r["name"]: r["splits"] for r in report["rows"]}
+    assert [s for s, x in rows["bb/final"].items() if x["trained_in"]] == ["pydantic-ai"]
+    assert not any(x["trained_in"] for x in rows["hs/final"].values())
+    for split in fw:
+        a, b = per_task_values([bb], split), per_task_values([ref], split)
+        assert rows["bb/final"][split]["pairs"] == 8
+        assert rows["bb/final"][split]["diff_vs_reference"] == pytest.approx(sum(a[t] - b[t] for t in tasks) / 8)
+    md = (tmp_path / "c.md").read_text()
+    assert ("| policy | Base | Δ vs hs/final | In-Space | Δ vs hs/final | smolagents 9.9.9 native | Δ vs hs/final | "
+            "pydantic-ai 8.8.8 | Δ vs hs/final | Unseen syntax: X-react, X-shell | Δ vs hs/final |") in md
+    assert md.count(" (trained in) |") == 1 and "not a transfer figure" in md and md in proc.stdout + "\n"
+    assert "smolagents native 8 tasks x 1 harness(es); pydantic-ai 8 tasks x 1 harness(es)" in md
+
+
+def test_compare_reads_the_columns_06_writes():
+    ev = load_stage("06_evaluate.py")
+    assert cmp.SPLITS == ev.SPLITS and cmp.FRAMEWORKS == ev.FRAMEWORKS and cmp.SPLIT_TITLES == ev.SPLIT_TITLES
+
 
 def test_compare_identical_rows_and_the_sign_test(tmp_path):
     """Two rows with the same per-task values say 'identical', never a zero-width interval; a row that differs gets
@@ -205,8 +243,9 @@ def test_compare_experiment_adds_what_each_method_spent(tmp_path):
     exp = tmp_path / "exp"
     exp.mkdir()
     (exp / "experiment_config.json").write_text(json.dumps({"seed": 0, "seeds": [0], "experiment": "mini",
-                                                            "methods": ["oa", "sft", "idle"]}))
+                                                            "methods": ["oa", "sft", "idle", "bbrl"]}))
     oa, sft = exp / "oa", exp / "sft"
+    write_jsonl(oa / "train_harnesses.jsonl", [{"harness_id": h} for h in [BASE, *SPACE_IDS]])
     write_jsonl(oa / "assignment.jsonl", [{"task_id": "a", "harness_ids": [BASE, SPACE_IDS[0]]},
                                           {"task_id": "b", "harness_ids": [SPACE_IDS[1], SPACE_IDS[2]]}])
     write_jsonl(oa / "iter_000" / "rollouts.jsonl", [episode("a", BASE, True), episode("b", SPACE_IDS[1], False)])
@@ -219,6 +258,10 @@ def test_compare_experiment_adds_what_each_method_spent(tmp_path):
     write_jsonl(sft / "sft" / "train_log.jsonl", [{"loss": 2.0}] * 2)
     write_jsonl(exp / "idle" / "assignment.jsonl", [{"task_id": "a", "harness_ids": [BASE]}])  # prepared, not trained
     write_jsonl(exp / "idle" / "train_harnesses.jsonl", [{"harness_id": BASE}])
+    bb = exp / "bbrl"  # black-box RL inside a framework: rollouts and a training set (02), no assignment (03)
+    write_jsonl(bb / "train_harnesses.jsonl", [{"harness_id": BASE}, {"harness_id": SPACE_IDS[0]}])
+    write_jsonl(bb / "iter_000" / "rollouts.jsonl", [episode(t, "X-pydantic-ai", t == "a") for t in "abc"])
+    write_jsonl(bb / "iter_000" / "train_log.jsonl", [{"loss": 1.0}])
     rows = [make_evaldir(tmp_path, "exp/oa", "oa"), make_evaldir(tmp_path, "exp/sft", "sft")]
     proc = run_stage("compare.py", *rows, "--experiment", exp, "--out", exp / "comparison")
     report = json.loads((exp / "comparison.json").read_text())
@@ -232,7 +275,10 @@ def test_compare_experiment_adds_what_each_method_spent(tmp_path):
                          "training_harnesses": ["X-shell"]},
         "idle (seed 0)": {"rollout_episodes": 0, "minibatches": 0, "optimizer_steps": 0, "sft_demos": 0,
                           "train_s": 0, "eval_s": 0, "tasks_trained": 0, "tasks_saw_all_K": 0,
-                          "training_harnesses": [BASE]}}
+                          "training_harnesses": [BASE]},
+        "bbrl (seed 0)": {"rollout_episodes": 3, "minibatches": 1, "optimizer_steps": 1, "sft_demos": 0,
+                          "train_s": 0, "eval_s": 0, "tasks_trained": 3, "tasks_saw_all_K": None,
+                          "training_harnesses": ["X-pydantic-ai"]}}
     assert report["settings"] == {"seed": 0, "seeds": [0], "experiment": "mini",
                                   "eval_harnesses": str(exp.resolve() / "eval_harnesses.jsonl")}
     md = (exp / "comparison.md").read_text()
@@ -240,5 +286,6 @@ def test_compare_experiment_adds_what_each_method_spent(tmp_path):
                        "signal) | SFT demos | train s | eval s | tasks that saw all K |\n| --- | --- | --- | --- | --- "
                        "| --- | --- | --- |\n| oa (seed 0) | 4 | 2 | 1 | 0 | 5.5 | 4.2 | 1 / 2 |\n"
                        "| sft (seed 0) | 0 | 2 | 2 | 3 | 0 | 0 | 0 / 0 |\n"
-                       "| idle (seed 0) | not run (no training log) | - | - | - | - | - | - |\n")
+                       "| idle (seed 0) | not run (no training log) | - | - | - | - | - | - |\n"
+                       "| bbrl (seed 0) | 3 | 1 | 1 | 0 | 0 | 0 | - |\n")
     assert md in proc.stdout + "\n"
