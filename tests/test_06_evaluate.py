@@ -261,7 +261,8 @@ def test_framework_columns_hold_their_tasks_and_harness(tmp_path):
     assert proc.returncode == 2 and "pydantic-ai.jsonl: its (task_id, harness_id) pairs" in proc.stderr
     assert "('a', 'X-smolagents')" in proc.stderr
     write_jsonl(out / "pydantic-ai.jsonl", [episode(t, "X-pydantic-ai", True) for t in "ab"])
-    (out / "checkpoint.json").write_text(json.dumps({"policy": "p", "splits": sorted(set(ALL_SPLITS) - {"pydantic-ai"})}))
+    listed = sorted(set(ALL_SPLITS) - {"pydantic-ai"})
+    (out / "checkpoint.json").write_text(json.dumps({"policy": "p", "splits": listed}))
     proc = score(run, "--framework-tasks", "2", check=False)
     assert proc.returncode == 2 and "pydantic-ai.jsonl is not among the splits" in proc.stderr, proc.stderr
 

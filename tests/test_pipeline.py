@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import run_stage
 
+BASE = "S0-T0-O0-C0-W0"
 MINI = ["--max-new-tokens", 48, "--max-train-tasks", 6, "--sft-tasks", 3, "--sft-epochs", 1, "--tiny-size", "1,32,2", "--iterations", 1,
         "--tasks-per-iteration", 3, "--group-size", 2, "--eval-tasks", 3, "--eval-heldout", 2]
 
@@ -55,18 +56,21 @@ def test_pipeline_end_to_end_with_interruption(tmp_path):
     summary = json.loads((run / "eval_summary.json").read_text())
     assert list(summary) == ["untrained", "warm-start", "harness-scaling"]
     for label, s in summary.items():
-        assert set(s["splits"]) == {"base", "inspace", "external", "smolagents"}
+        assert list(s["splits"]) == ["base", "inspace", "smolagents-native", "pydantic-ai", "external", "smolagents"]
         assert s["splits"]["base"]["pairs"] == 3
         assert s["splits"]["inspace"]["pairs"] == 3 * 2
         assert s["splits"]["external"]["pairs"] == 3 * 2  # X-shell and X-react
-        assert s["splits"]["smolagents"]["pairs"] == 3 and s["splits"]["smolagents"]["framework"].startswith(
-            "smolagents ")
+        for split, name in (("smolagents", "smolagents "), ("smolagents-native", "smolagents "),
+                            ("pydantic-ai", "pydantic-ai ")):  # the toy preset's 8 tasks, cut to the 3 evaluated
+            assert s["splits"][split]["pairs"] == 3 and s["splits"][split]["framework"].startswith(name)
+        assert not any(sp["trained_in"] for sp in s["splits"].values())
         assert not set(s["heldout_ids"]) & {h["harness_id"] for h in train}
     table = (run / "results.md").read_text()
-    assert "| policy | Base | In-Space | Out-of-Space | smolagents " in table
+    header = "| policy | Base | In-Space | smolagents 1"
+    assert header in table and " native | pydantic-ai 2." in table and "| Unseen syntax: X-react, X-shell |" in table
     for label in summary:
         assert f"| {label} | " in table
-    assert "| policy | Base | In-Space | Out-of-Space | smolagents " in second.stdout
+    assert header in second.stdout
 
     # 3) the run folder belongs to its settings: other settings are refused, nothing touched
     third = run_stage("pipeline.py", "--run", run, "--warmstart", ws, *MINI[:-2], "--eval-heldout", 3, check=False)
@@ -76,18 +80,68 @@ def test_pipeline_end_to_end_with_interruption(tmp_path):
 
 def test_single_and_blackbox_training_sets(tmp_path):
     """`single`: H_tr = {base}, every other configuration held out, 03 with K = 1 gives every task the base.
-    `blackbox-rl`: H_tr = {X-shell}, the out-of-space harness (no levels), every task under it."""
+    `blackbox-rl` and `blackbox-sft` train inside pydantic-ai: their 02 set is the warm start's (the base and its 10
+    one-factor variants, the only configurations of the space they trained on), and no assignment (03) is made."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"task_id": f"t{i}"}) + "\n" for i in range(5)))
-    for method, want in (("single", "S0-T0-O0-C0-W0"), ("blackbox-rl", "X-shell")):
+    run = tmp_path / "single"
+    out = run_stage("pipeline.py", "--run", run, "--method", "single", "--train-tasks", tasks, "--stop-after", "03")
+    assert "stopped after step 03" in out.stdout
+    heldout = {h["harness_id"] for h in read_jsonl(run / "heldout_harnesses.jsonl")}
+    assert [h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl")] == [BASE] and len(heldout) == 242
+    assert [a["harness_ids"] for a in read_jsonl(run / "assignment.jsonl")] == [[BASE]] * 5
+    for method in ("blackbox-rl", "blackbox-sft"):
         run = tmp_path / method
-        out = run_stage("pipeline.py", "--run", run, "--method", method, "--train-tasks", tasks, "--stop-after", "03")
-        assert "stopped after step 03" in out.stdout
-        train = read_jsonl(run / "train_harnesses.jsonl")
+        run_stage("pipeline.py", "--run", run, "--method", method, "--train-tasks", tasks,
+                  "--warmstart", tmp_path / "ws", "--stop-after", "ws-01")
+        train = [h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl")]
         heldout = {h["harness_id"] for h in read_jsonl(run / "heldout_harnesses.jsonl")}
-        assert [h["harness_id"] for h in train] == [want] and want not in heldout
-        assert len(heldout) == (242 if method == "single" else 243)
-        assert [a["harness_ids"] for a in read_jsonl(run / "assignment.jsonl")] == [[want]] * 5
+        one_factor = {BASE} | {BASE.replace(f"{c}0", f"{c}{lv}") for c in "STOCW" for lv in (1, 2)}
+        assert set(train) == one_factor and len(train) == 11 and len(heldout) == 243 - 11 and not heldout & set(train)
+        assert not (run / "assignment.jsonl").exists()
+
+
+def test_blackbox_methods_train_and_are_scored_inside_the_frameworks(tmp_path, monkeypatch):
+    """The commands the pipeline gives the black-box methods: blackbox-rl's 04 runs train mode inside pydantic-ai
+    (one process even with --gpus N: the framework runs its episodes in turn; 05 under torchrun as for any RL),
+    blackbox-sft's demonstrations are the oracle's inside pydantic-ai with the warm start's tokenizer; 06 marks
+    their pydantic-ai column trained in and gets every framework column's task count from the preset."""
+    from conftest import load_stage
+    pipe = load_stage("pipeline.py")
+    steps = []
+    monkeypatch.setattr(pipe, "step", lambda name, output, cmd, args, log=None, shards=1:
+                        steps.append((name, [str(c) for c in cmd], shards)))
+    args = pipe.parse_args(["--gpus", "2", "--preset", "small"])
+    cfg = dict(pipe.settings(args), iterations=2)
+    run, tasks = tmp_path / "run", tmp_path / "t.jsonl"
+    pipe.train(cfg, args, "blackbox-rl", run, 0, tasks, [])
+    (name, cmd04, shards), (_, cmd05, _) = steps[:2]
+    assert name == "04-it0" and shards == 1 and cmd04[:2] == ["04_rollout.py", "--run"]
+    assert flag(cmd04, "--harnesses") == "pydantic-ai" and flag(cmd04, "--iteration") == "0" and "--eval" not in cmd04
+    assert flag(cmd04, "--group-size") == "8" and flag(cmd04, "--tasks-per-iteration") == "12"
+    assert "torch.distributed.run" in cmd05 and "05_train.py" in cmd05 and flag(cmd05, "--algo") == "grpo"
+    assert [n for n, _, _ in steps] == ["04-it0", "05-it0", "04-it1", "05-it1"]
+    steps.clear()
+    assert pipe.train(cfg, args, "blackbox-sft", run, 0, tasks, []) == run / "sft" / "policy"
+    (_, demos, _), (_, sft, _) = steps
+    assert flag(demos, "--harnesses") == "pydantic-ai" and flag(demos, "--policy") == "oracle" and "--eval" in demos
+    assert flag(demos, "--tokenizer") == str(run / "init_policy") and flag(sft, "--algo") == "sft"
+    steps.clear()
+    for method in ("blackbox-rl", "harness-scaling"):
+        pipe.evaluate(cfg, args, run, method, run / "p", [], trained_in=pipe.trained_inside(method))
+    (_, bb, _), (_, hs, _) = steps
+    assert flag(bb, "--trained-in") == "X-pydantic-ai" and "--trained-in" not in hs
+    assert flag(bb, "--framework-tasks") == flag(hs, "--framework-tasks") == \
+        "smolagents-native=8,pydantic-ai=8,smolagents=8"
+    args = pipe.parse_args(["--framework-tasks", "2,smolagents=0", "--smolagents-tasks", "5"])
+    assert pipe.settings(args)["framework_tasks"] == {"smolagents-native": 2, "pydantic-ai": 2, "smolagents": 0}
+    bad = run_stage("pipeline.py", "--run", tmp_path / "r", "--framework-tasks", "native=2", check=False)
+    assert bad.returncode == 2 and "--framework-tasks 'native=2': item 'native=2'" in bad.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def flag(cmd, name):
+    return cmd[cmd.index(name) + 1] if name in cmd else None
 
 
 def test_bad_flags_leave_no_folder_and_paths_are_relative_to_the_caller(tmp_path):
@@ -112,13 +166,15 @@ def test_bad_flags_leave_no_folder_and_paths_are_relative_to_the_caller(tmp_path
 @pytest.mark.slow
 def test_experiment_main_from_one_command(tmp_path):
     """`--experiment main` on a miniature toy: every method is scored on the same tasks and the same In-Space
-    harnesses (disjoint from all training sets and the warm start's), X-shell (trained on by the black-box
-    baselines) leaves every row's Out-of-Space column, each training task visited K = 3 times sees its 3
+    harnesses (disjoint from all training sets and the warm start's) and in both frameworks; the black-box
+    baselines train inside pydantic-ai (RL on its episodes, SFT on the oracle's token-consistent episodes in it),
+    so their pydantic-ai column alone is marked trained in; each training task visited K = 3 times sees its 3
     harnesses, compute is matched, and a second call redoes nothing."""
     exp = tmp_path / "exp"
-    args = ["--experiment", "main", "--run", exp, "--max-new-tokens", 48, "--sft-tasks", 2, "--sft-epochs", 1, "--tiny-size", "1,32,2",
-            "--iterations", 3, "--tasks-per-iteration", 2, "--group-size", 2, "--eval-tasks", 3,
-            "--eval-heldout", 3, "--smolagents-tasks", 0, "--curve-every", 2, "--curve-tasks", 2]
+    args = ["--experiment", "main", "--run", exp, "--max-new-tokens", 48, "--sft-tasks", 2, "--sft-epochs", 1,
+            "--tiny-size", "1,32,2", "--iterations", 3, "--tasks-per-iteration", 2, "--group-size", 2,
+            "--eval-tasks", 3, "--eval-heldout", 3, "--smolagents-tasks", 0, "--framework-tasks",
+            "smolagents-native=2,pydantic-ai=2", "--curve-every", 2, "--curve-tasks", 2]
     run_stage("pipeline.py", *args, timeout=1200)
     comp = json.loads((exp / "comparison.json").read_text())
     rows = {r["name"]: r for r in comp["rows"]}
@@ -127,20 +183,37 @@ def test_experiment_main_from_one_command(tmp_path):
     eval_ids = [h["harness_id"] for h in read_jsonl(exp / "eval_harnesses.jsonl")]
     tasks = {r["name"]: sorted(r["task_ids"]) for r in comp["rows"]}
     assert len(eval_ids) == 3 and len(set(map(tuple, tasks.values()))) == 1 and len(tasks["single"]) == 3
-    trained = {h["harness_id"] for m in ("harness-scaling", "single", "blackbox-rl", "warm-start")
+    trained = {h["harness_id"] for m in ("harness-scaling", "single", "blackbox-rl", "blackbox-sft", "warm-start")
                for h in read_jsonl(exp / m / "train_harnesses.jsonl")}
-    assert not set(eval_ids) & trained and "X-shell" in trained
+    assert not set(eval_ids) & trained and not {h for h in trained if h.startswith("X-")}
+    for m in ("blackbox-rl", "blackbox-sft"):  # the warm start's set (02 one-factor), no assignment
+        assert read_jsonl(exp / m / "train_harnesses.jsonl") == read_jsonl(exp / "warm-start" / "train_harnesses.jsonl")
+        assert not (exp / m / "assignment.jsonl").exists()
     for r in comp["rows"]:
         assert sorted(r["inspace_ids"]) == sorted(eval_ids)
         for d in r["evaldirs"]:  # the rollout files themselves: the same (task, harness) pairs for every row
             pairs = {(e["task_id"], e["harness_id"]) for e in read_jsonl(Path(d) / "inspace.jsonl")}
             assert pairs == {(t, h) for t in tasks["single"] for h in eval_ids}
-        assert r["splits"]["external"]["pairs"] == 3  # X-react only: X-shell was trained on
+        assert r["splits"]["external"]["pairs"] == 3 * 2  # X-shell and X-react: no row trained in them
+        assert r["splits"]["smolagents-native"]["pairs"] == r["splits"]["pydantic-ai"]["pairs"] == 2
+        assert "smolagents" not in r["splits"]  # --smolagents-tasks 0
+        assert not r["splits"]["smolagents-native"]["trained_in"]  # nothing trains in the Claude Code column
+        assert r["splits"]["pydantic-ai"]["trained_in"] == r["name"].startswith("blackbox")
         if r["name"] != "harness-scaling":  # an interval, or 'identical' (never a zero-width interval)
             x = r["splits"]["base"]
             assert (x["diff_ci95"] is None) == x["identical"] and 0 <= x["sign_test_p"] <= 1
-    assert not {e["harness_id"] for e in read_jsonl(exp / "blackbox-rl" / "eval" / "blackbox-rl" / "external.jsonl")} \
-        & {"X-shell"}
+    for t in range(3):  # black-box RL: train mode inside pydantic-ai, its groups one (task, framework) each
+        eps = read_jsonl(exp / "blackbox-rl" / f"iter_{t:03d}" / "rollouts.jsonl")
+        assert len(eps) == 2 * 2 and {e["harness_id"] for e in eps} == {"X-pydantic-ai"}
+        assert {e["group_id"] for e in eps} == {f"{e['task_id']}|X-pydantic-ai|it{t:03d}" for e in eps}
+        assert all(e["model_turns"] and e["framework"].startswith("pydantic-ai ") for e in eps)
+    demos = read_jsonl(exp / "blackbox-sft" / "sft" / "demos.jsonl")  # the oracle inside pydantic-ai
+    assert len(demos) == len(read_jsonl(exp / "train_tasks.jsonl")) and all(d["success"] for d in demos)
+    for d in demos:  # token-consistent: each prompt extends the last prompt and its sampled ids (one sequence)
+        assert d["harness_id"] == "X-pydantic-ai" and d["rerendered_turns"] == 0
+        turns = d["model_turns"]
+        assert all(b["prompt_ids"][:len(a["prompt_ids"]) + len(a["completion_ids"])] ==
+                   a["prompt_ids"] + a["completion_ids"] for a, b in zip(turns, turns[1:]))
     compute = comp["compute"]
     hs = compute["harness-scaling (seed 0)"]
     assert hs["tasks_trained"] == 2 and hs["tasks_saw_all_K"] == 2  # 3 iterations x 2 tasks = 2 tasks x K visits
@@ -155,9 +228,13 @@ def test_experiment_main_from_one_command(tmp_path):
             (exp / "warmstart" / "policy" / "model.safetensors").read_bytes()
         first = exp / name / ("sft" if name == "blackbox-sft" else "iter_000") / "05_train_config.json"
         assert json.loads(first.read_text())["optimizer_state"].startswith("fresh AdamW state")
-    assert compute["blackbox-rl (seed 0)"]["training_harnesses"] == ["X-shell"]
+    for m in ("blackbox-rl", "blackbox-sft"):
+        assert compute[f"{m} (seed 0)"]["training_harnesses"] == ["X-pydantic-ai"]
+        assert compute[f"{m} (seed 0)"]["tasks_saw_all_K"] is None
+    assert compute["blackbox-rl (seed 0)"]["rollout_episodes"] == hs["rollout_episodes"]
     md = (exp / "comparison.md").read_text()
-    assert "| harness-scaling |" in md and "## Compute per method" in md
+    assert "| harness-scaling |" in md and "## Compute per method" in md and md.count(" (trained in) |") == 2
+    assert " native | Δ vs harness-scaling | pydantic-ai 2." in md
     # the transfer curve: harness-scaling and single after 0, 2 and 3 iterations, greedy, on the first 2 test tasks,
     # under the shared evaluation set (held out) and under each run's own training harnesses
     curve = json.loads((exp / "transfer_curve.json").read_text())
