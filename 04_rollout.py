@@ -33,8 +33,6 @@ import ast
 import contextlib
 import importlib
 import json
-import math
-import operator
 import random
 import re
 import sys
@@ -44,6 +42,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from environment import ToolError, Workspace, argument, check_results, clip, score
 from generation import BackendError, HFBackend, VLLMBackend, encode, extend_prompt, load_tokenizer, max_positions
 from plumbing import fail, jsonl_text, locked, read_jsonl, safe_text, seed_everything, write_atomic
 from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, load_assignment, load_harness_file, load_tasks
@@ -52,7 +51,7 @@ from schemas import SYNTAXES, validate_harness  # noqa: F401 (SYNTAXES: the T.sy
 HERE = Path(__file__).resolve().parent  # data/ beside this file: the default tasks, the external harnesses
 TOOL_HELP = {"list_files": "list all files", "read_file": "show a file", "search": "show lines that contain it",
              "write_file": "replace a file's text", "calculator": "do arithmetic", "submit": "give the final answer"}
-MAX_REPLY, MAX_ARG, MAX_FILE, MAX_FILES, MAX_PATH, MAX_ERR = 8000, 2000, 4000, 64, 64, 200
+MAX_REPLY = 8000  # characters of a reply the parsers read
 MAX_SHOWN = 2  # parser messages shown per reply; the rest are counted in one line
 
 
@@ -102,15 +101,6 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------- helpers
-class ToolError(Exception):
-    """A tool call that fails: becomes an error observation, never leaves the episode."""
-
-
-def clip(s, n=MAX_ERR):
-    s = str(s)
-    return s if len(s) <= n else s[:n] + "..."
-
-
 def safe(x):
     """Model text is data (plumbing.safe_text: a lone surrogate becomes U+FFFD) on every string of a reply, a parsed
     call (names, keys, values) or a tool result: it is stored, rendered and written safely."""
@@ -152,138 +142,6 @@ EXTERNAL = HERE / "data" / "external_harnesses.json"  # X-shell and X-react: --h
 
 
 # ============================================================================= the algorithm
-# ----------------------------------------------------------------------------- the verifier
-def normalise(s):
-    s = " ".join(str(s).strip().lower().split()).strip("'\"`").rstrip(".")
-    try:
-        return repr(float(s))
-    except ValueError:
-        return s
-
-
-def check(checker, files, answer):
-    """One check on the final workspace and the submitted answer: True or False (an `all` passes when all its parts do)."""
-    kind = checker["type"]
-    if kind == "all":
-        return all(check(c, files, answer) for c in checker["checks"])
-    if kind == "answer_equals":
-        return answer is not None and normalise(answer) == normalise(checker["value"])
-    text = files.get(checker["path"])
-    if text is None:
-        return False
-    if kind == "file_equals":
-        return text.strip() == str(checker["value"]).strip()
-    return str(checker["value"]) in text
-
-
-def check_results(checker, files, answer):
-    """Each top-level check's result, 0 or 1 (an `all` checker lists its parts): kept in the record for analysis."""
-    return [int(check(c, files, answer)) for c in (checker["checks"] if checker["type"] == "all" else [checker])]
-
-
-def score(checker, files, answer):
-    """The verifier, pass/fail (the paper's pass@1): 1.0 when every check passes, else 0.0. No partial credit: an edit
-    task answered "done" without the edit would otherwise earn 0.5 for doing nothing, and GRPO would turn a group
-    [0.5, 0.5, 0, 0] into the same advantages as a real success in [1, 1, 0, 0]."""
-    return float(check(checker, files, answer))
-
-
-# ----------------------------------------------------------------------------- the workspace and its tools
-OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-       ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-
-
-def calculate(expr):
-    """Safe arithmetic: numbers, + - * / // % ** and parentheses; |values| <= 1e15, exponents <= 64. No eval."""
-    if len(expr) > 200:
-        raise ToolError("expression too long (200 chars max)")
-    try:
-        tree = ast.parse(expr.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        raise ToolError("not an arithmetic expression")
-    if sum(1 for _ in ast.walk(tree)) > 100:
-        raise ToolError("expression too complex")
-
-    def ev(node):
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            value = node.value
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-            value = ev(node.operand) * (-1 if isinstance(node.op, ast.USub) else 1)
-        elif isinstance(node, ast.BinOp) and type(node.op) in OPS:
-            a, b = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Pow) and (abs(b) > 64 or abs(a) > 1e6):
-                raise ToolError("exponent or base too large")
-            try:
-                value = OPS[type(node.op)](a, b)
-            except ZeroDivisionError:  # x / 0, x % 0, and 0 ** -1
-                raise ToolError("division by zero")
-            except (OverflowError, ValueError):
-                raise ToolError("number too large")
-        else:
-            raise ToolError("only numbers, + - * / // % ** and parentheses are allowed")
-        if isinstance(value, complex) or abs(value) > 1e15 or not math.isfinite(value):
-            raise ToolError("result out of range")
-        return value
-
-    value = ev(tree.body)
-    if isinstance(value, float):
-        value = int(value) if value.is_integer() else round(value, 6)
-    return str(value)
-
-
-def workspace_path(path):
-    """The path, stripped, if it names a file inside the workspace; else a ToolError saying why."""
-    path = path.strip()
-    if not path:
-        raise ToolError("empty path")
-    if len(path) > MAX_PATH:
-        raise ToolError("path too long")
-    if any(ord(c) < 32 or ord(c) == 127 for c in path):
-        raise ToolError("control character in path")
-    if path.startswith(("/", "~")) or "\\" in path or any(p in ("", ".", "..") for p in path.split("/")):
-        raise ToolError(f"path must stay inside the workspace: {clip(path, 64)}")
-    if not re.fullmatch(r"[A-Za-z0-9_.\-/]+", path):
-        raise ToolError("path may use only letters, digits, '_', '-', '.' and '/'")
-    return path
-
-
-
-
-class Workspace:
-    """The task's files in memory; the six canonical tools. Nothing is executed, nothing touches the disk."""
-
-    def __init__(self, files):
-        self.files, self.answer = dict(files), None
-
-    def call(self, tool, args):
-        if tool == "list_files":
-            return "\n".join(sorted(self.files)) or "(no files)"
-        if tool == "read_file":
-            path = workspace_path(args["path"])
-            if path not in self.files:
-                raise ToolError(f"no such file: {path}")
-            return self.files[path][:MAX_FILE] or "(empty file)"
-        if tool == "search":
-            query = args["query"].strip().lower()
-            if not query or len(query) > 100:
-                raise ToolError("the search text must have 1-100 characters")
-            hits = [f"{name}: {line}" for name in sorted(self.files) for line in self.files[name].splitlines()
-                    if query in line.lower()]
-            return "\n".join(hits[:20]) or "no matches"
-        if tool == "write_file":
-            path, content = workspace_path(args["path"]), args["content"]
-            if len(content) > MAX_FILE:
-                raise ToolError(f"content too long ({MAX_FILE} chars max)")
-            if path not in self.files and len(self.files) >= MAX_FILES:
-                raise ToolError("too many files")
-            self.files[path] = content
-            return f"wrote {len(content)} chars to {path}"
-        if tool == "calculator":
-            return calculate(args["expression"])
-        self.answer = args["answer"]  # submit
-        return "submitted"
-
-
 # ----------------------------------------------------------------------------- rendering (S, T, O, C)
 def render_call(T, tool, args):
     """One canonical call written in T's syntax (the oracle's replies and the tool docs' example)."""
@@ -503,16 +361,9 @@ def to_canonical(T, name, args):
                         f"{', '.join(shown.values()) or 'nothing'}")
     out = {}
     for a in CANONICAL[tool]:
-        value = args.get(shown[a])
-        if value is None:
+        if args.get(shown[a]) is None:
             raise ToolError(f"missing argument {shown[a]!r}")
-        if type(value) in (int, float):
-            value = str(value)
-        if not isinstance(value, str):
-            raise ToolError(f"argument {shown[a]!r} must be a string")
-        if len(value) > MAX_ARG:
-            raise ToolError(f"argument {shown[a]!r} too long ({MAX_ARG} chars max)")
-        out[a] = value
+        out[a] = argument(shown[a], args[shown[a]])  # a string of at most MAX_ARG chars (environment.py)
     return tool, out
 
 
@@ -736,16 +587,24 @@ def train_batch(task_ids, t, size, order_seed):
     return [task_ids[i] for i in chunk + perm[:size - len(chunk)]]
 
 
+def batch_visits(task_ids, t, size, order_seed):
+    """Iteration t's (task id, visit i): i = how many earlier batches t' < t held the task (recomputed, no state
+    file)."""
+    visits = Counter(tid for u in range(t) for tid in train_batch(task_ids, u, size, order_seed))
+    return [(tid, visits[tid]) for tid in train_batch(task_ids, t, size, order_seed)]
+
+
 def batch_harnesses(assignment, t, size, order_seed):
-    """Iteration t's (task id, harness id, visit i). Visit i of task x = how many earlier batches t' < t held x
-    (recomputed, no state file); it runs H_x[i mod K], so every task visited K times sees all K harnesses of its
-    group, whatever the batch order."""
-    ids = list(assignment)
-    visits = Counter(tid for u in range(t) for tid in train_batch(ids, u, size, order_seed))
-    return [(tid, assignment[tid][visits[tid] % len(assignment[tid])], visits[tid])  # H_x[i mod K]
-            for tid in train_batch(ids, t, size, order_seed)]
+    """Iteration t's (task id, harness id, visit i). Visit i of task x runs H_x[i mod K], so every task visited K
+    times sees all K harnesses of its group, whatever the batch order."""
+    return [(tid, assignment[tid][i % len(assignment[tid])], i)  # H_x[i mod K]
+            for tid, i in batch_visits(list(assignment), t, size, order_seed)]
 
 
+def train_meta(t, tid, hid, visit, s):
+    """A train-mode record's first fields; the group (task, harness, iteration) is GRPO's."""
+    return {"episode_id": f"it{t:03d}-{tid}-{hid}-s{s}", "iteration": t, "visit": visit,
+            "group_id": f"{tid}|{hid}|it{t:03d}", "sample_index": s}
 
 
 def train_jobs(args, tasks_by_id, tasks_path):
@@ -755,13 +614,9 @@ def train_jobs(args, tasks_by_id, tasks_path):
     if not known:
         fail(f"{run / 'train_harnesses.jsonl'}: harness file not found (run stages 01-02 first)")
     assignment = load_assignment(run / "assignment.jsonl", tasks_by_id, known, tasks_path)
-    jobs = []
-    for tid, hid, visit in batch_harnesses(assignment, t, args.tasks_per_iteration, args.order_seed):
-        for s in range(args.group_size):
-            meta = {"episode_id": f"it{t:03d}-{tid}-{hid}-s{s}", "iteration": t, "visit": visit,
-                    "group_id": f"{tid}|{hid}|it{t:03d}", "sample_index": s}
-            jobs.append((tasks_by_id[tid], known[hid], meta))
-    return jobs, run / f"iter_{t:03d}" / "rollouts.jsonl"
+    return [(tasks_by_id[tid], known[hid], train_meta(t, tid, hid, visit, s))
+            for tid, hid, visit in batch_harnesses(assignment, t, args.tasks_per_iteration, args.order_seed)
+            for s in range(args.group_size)]
 
 
 def select_harnesses(args):
@@ -795,33 +650,41 @@ def eval_jobs(args, tasks):
     harnesses = select_harnesses(args)
     if not harnesses:
         fail(f"--harnesses {args.harnesses}: no harness selected")
-    jobs = [(task, h, {"episode_id": f"eval-{task['task_id']}-{h['harness_id']}-s{s}", "iteration": None,
+    return [(task, h, {"episode_id": f"eval-{task['task_id']}-{h['harness_id']}-s{s}", "iteration": None,
                        "visit": None, "group_id": f"{task['task_id']}|{h['harness_id']}|eval", "sample_index": s})
             for h in harnesses for task in tasks for s in range(args.samples)]
-    return jobs, Path(args.out)
 
 
-# The black boxes: real agent frameworks, each behind a bridge file that gets this file's environment as plain
-# functions and data. --harnesses NAME -> (module, its episode function). smolagents: its text `Action:` mode (a call
-# syntax of its own); smolagents-native: its ToolCallingAgent with the model's own function calling (the
-# Claude-Code role: only evaluated in); pydantic-ai: its Agent with the model's own function calling (the OpenClaw
-# role: the black-box baselines train in it). docs/blackbox.md.
+# The black boxes: real agent frameworks, each behind a bridge file over the same environment (environment.py).
+# --harnesses NAME -> (module, its episode function). smolagents: its text `Action:` mode (a call syntax of its own);
+# smolagents-native: its ToolCallingAgent with the model's own function calling (the Claude-Code role: only
+# evaluated in); pydantic-ai: its Agent with the model's own function calling (the OpenClaw role: the black-box
+# baselines train in it, so it alone runs in train mode too). docs/blackbox.md.
 BLACKBOXES = {"smolagents": ("smolagents_harness", "run_smolagents_episodes"),
               "smolagents-native": ("smolagents_native_harness", "run_native_episodes"),
               "pydantic-ai": ("pydantic_ai_harness", "run_pydantic_ai_episodes")}
+EVAL_ONLY = {"smolagents": "evaluation only: its text mode is an unseen call syntax, no method trains in it",
+             "smolagents-native": "evaluation only: it plays Claude Code, a role that never trains"}
 
 
 def run_blackbox(args, tasks, policy, backend, tok, positions):
-    """The episodes inside a framework (its bridge imported only when asked for); its bad input becomes ours."""
+    """The episodes inside a framework (its bridge imported only when asked for); its bad input becomes ours.
+    Eval: every task x --samples. Train (pydantic-ai): iteration t's batch of the tasks file (train_batch, as in
+    train mode), --group-size samples each, with train mode's meta under the framework's harness id."""
     module, run = BLACKBOXES[args.harnesses]
     try:
         bridge = importlib.import_module(module)
     except ImportError as e:
         fail(f"--harnesses {args.harnesses}: {e} (pip install -r requirements.txt)")
-    env = bridge.Environment(workspace=Workspace, score=score, check_results=check_results, max_arg=MAX_ARG)
+    samples, meta = args.samples, None
+    if not args.eval:
+        t, hid, by_id = args.iteration, bridge.HARNESS_ID, {task["task_id"]: task for task in tasks}
+        visits = dict(batch_visits(list(by_id), t, args.tasks_per_iteration, args.order_seed))
+        tasks, samples = [by_id[tid] for tid in visits], args.group_size
+        meta = lambda task, s: train_meta(t, task["task_id"], hid, visits[task["task_id"]], s)  # noqa: E731
     try:
-        return getattr(bridge, run)(env, tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
-                                    args.temperature, args.samples, positions=positions)
+        return getattr(bridge, run)(tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
+                                    args.temperature, samples, positions=positions, meta=meta)
     except bridge.BridgeError as e:
         fail(str(e))
 
@@ -843,7 +706,19 @@ def validate_flags(args):
         fail("eval mode needs --policy, --harnesses SPEC and --out FILE")
     if not args.eval and args.out:  # training writes RUN/iter_t/rollouts.jsonl; a silently ignored --out misleads
         fail(f"--out {args.out}: only for --eval; training writes {args.run}/iter_NNN/rollouts.jsonl")
+    if not args.eval and args.harnesses not in (None, "pydantic-ai"):  # the one framework a method trains in
+        why = EVAL_ONLY.get(args.harnesses, "not in train mode, which runs the harnesses of assignment.jsonl")
+        fail(f"--harnesses {args.harnesses}: {why}; black-box RL trains inside pydantic-ai (--harnesses pydantic-ai)")
+    if args.shard and args.harnesses in BLACKBOXES:
+        fail(f"--shard: not for --harnesses {args.harnesses} (its episodes run inside the framework)")
     return (int(m[1]), int(m[2])) if args.shard else None
+
+
+def output_path(args):
+    """--out (eval mode) or DIR/iter_{t:03d}/rollouts.jsonl (train mode); None if neither is given."""
+    if args.eval:
+        return Path(args.out) if args.out else None
+    return Path(args.run) / f"iter_{args.iteration:03d}" / "rollouts.jsonl" if args.iteration is not None else None
 
 
 def shard_path(path, i, n):
@@ -879,18 +754,13 @@ def run_stage(args):
     shard = validate_flags(args)  # [multi-GPU] (I, N)
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
-    blackbox = args.eval and args.harnesses in BLACKBOXES  # episodes run inside a framework, not here
-    if blackbox:
-        jobs, out = [], Path(args.out)
-    elif args.eval:
-        jobs, out = eval_jobs(args, tasks)
-    else:
-        jobs, out = train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
+    blackbox = args.harnesses in BLACKBOXES  # episodes run inside a framework, not here (run_blackbox)
+    jobs = [] if blackbox else eval_jobs(args, tasks) if args.eval else \
+        train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
+    out = output_path(args)
     config_path = out.with_name(out.stem + ".04_rollout_config.json" if args.eval else "04_rollout_config.json")
     if shard:  # [multi-GPU] block I of N of the job list: contiguous, so the N files concatenated in order of I
         # are the one-process records (each episode's sampling randomness is its own: run_episodes)
-        if blackbox:
-            fail(f"--shard: not for --harnesses {args.harnesses} (its episodes run inside the framework)")
         i, n = shard
         jobs = jobs[len(jobs) * i // n:len(jobs) * (i + 1) // n]
         out, config_path = shard_path(out, i, n), shard_path(config_path, i, n)
@@ -922,9 +792,7 @@ def run_stage(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    # one writer per output file: <out>.lock (train: DIR/iter_t/rollouts.jsonl.lock) while this call writes it
-    out = (Path(args.out) if args.out else None) if args.eval else \
-        Path(args.run) / f"iter_{args.iteration:03d}" / "rollouts.jsonl" if args.iteration is not None else None
+    out = output_path(args)  # one writer per output file: <out>.lock while this call writes it
     lock = locked(out.with_name(out.name + ".lock")) if out else contextlib.nullcontext()  # None: a usage error
     try:
         with lock:

@@ -10,9 +10,9 @@ docstring), its error texts (an unknown tool, invalid JSON or a wrong type, a to
 output tool that ends the run (`submit`), and no system prompt (pydantic-ai ships none; an agent's author adds
 instructions, and we add none). What this file adds:
 
-- Tools: list_files, read_file, search, write_file, calculator as async functions over 04's workspace (same
-  semantics and limits as smolagents_harness.workspace_call; descriptions are the smolagents bridge's); a failing
-  call raises ModelRetry (pydantic-ai's way to tell the model). `submit` is the agent's output tool.
+- Tools: list_files, read_file, search, write_file, calculator as async functions over environment.py's workspace
+  (through smolagents_harness.workspace_call: 04's semantics and limits; descriptions are the smolagents bridge's);
+  a failing call raises ModelRetry (pydantic-ai's way to tell the model). `submit` is the agent's output tool.
 - The model: pydantic-ai's FunctionModel calling one async function per request. It maps pydantic-ai's messages
   to chat messages as pydantic-ai's OpenAIChatModel does for an OpenAI-compatible server (instructions first,
   tool results as role "tool" with ToolReturnPart.model_response_str(), a response's text parts joined by a blank
@@ -25,6 +25,8 @@ instructions, and we add none). What this file adds:
   exactly as the model wrote it (the oracle's and a trained model's canonical `<tool_call>` text), the next
   prompt is the last prompt's ids + the sampled ids + the template's ids for what follows (generation.extend_prompt):
   the episode trains as one sequence. Otherwise the turn is re-rendered and counted (rerendered_turns), as in 04.
+- Training: 04's train mode runs its episodes here (`04 --iteration t --harnesses pydantic-ai`, black-box RL): the
+  same records with 04's train-mode meta; each episode draws with its own randomness (its episode_id, as in 04).
 """
 import json
 
@@ -37,8 +39,9 @@ from pydantic_ai.models.function import FunctionModel
 
 from generation import (ToolTemplate, encode, extend_prompt, hermes_messages, parse_tool_calls, render,
                         safe_json, sampled_reply, scripted_reply, tool_call_text)
-from smolagents_harness import BridgeError, Environment  # noqa: F401  (04 uses them through this module)
-from smolagents_harness import (Calculator, ContextLimit, ListFiles, ReadFile, Search, WriteFile, safe,
+from environment import check_results, score
+from smolagents_harness import BridgeError  # noqa: F401  (04 uses it through this module)
+from smolagents_harness import (Calculator, ContextLimit, EpisodeBackend, ListFiles, ReadFile, Search, WriteFile, safe,
                                 run_bridge_episodes, workspace_call)
 
 HARNESS_ID = "X-pydantic-ai"
@@ -51,12 +54,12 @@ def harness_title():
 
 
 # ----------------------------------------------------------------------------- the workspace tools
-def make_tools(env, ws, retries):
+def make_tools(ws, retries):
     """04's tools as pydantic-ai tools (schemas from the signatures, descriptions from the docstrings) + submit."""
     def call(tool, **args):
         try:
-            return workspace_call(env, ws, tool, **args)
-        except Exception as e:  # 04's ToolError (or ours): pydantic-ai shows it to the model and the run goes on
+            return workspace_call(ws, tool, **args)
+        except Exception as e:  # environment.ToolError (or any other): pydantic-ai shows it to the model and the run goes on
             raise ModelRetry(f"{type(e).__name__}: {e}")
 
     async def list_files() -> str:
@@ -185,12 +188,12 @@ class EpisodeModel:
 class PolicyModel(EpisodeModel):
     """Our policy through 04's backend, decoded as vLLM does with tools (generation.sampled_reply)."""
 
-    def __init__(self, backend, tok, positions=None, max_new_tokens=0, turn_offset=0):
+    def __init__(self, backend, tok, positions=None, max_new_tokens=0):
         super().__init__(tok, positions, max_new_tokens)
-        self.backend, self.turn_offset = backend, turn_offset
+        self.backend = backend
 
     def reply(self, messages, prompt_ids):
-        return sampled_reply(self.backend, self.tok, prompt_ids, self.turn_offset + len(self.sent) - 1)
+        return sampled_reply(self.backend, self.tok, prompt_ids, len(self.sent) - 1)
 
 
 def oracle_text(step):
@@ -228,9 +231,9 @@ def turn_facts(messages, parse_failed):
     return tool_errors, error_turns, valid_turns
 
 
-def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
+def run_episode(task, model, ws, max_turns, meta, policy, temperature):
     """One task inside pydantic-ai with `model` (an EpisodeModel) over workspace `ws`; -> 04's record."""
-    tools, output = make_tools(env, ws, retries=max_turns)
+    tools, output = make_tools(ws, retries=max_turns)
     agent = Agent(FunctionModel(model.respond, model_name=getattr(model, "model_id", "policy")), tools=tools,
                   output_type=output, retries=max_turns)
     finish_reason = "submitted"
@@ -242,10 +245,10 @@ def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
         except ContextLimit:
             finish_reason = "context_limit"
     tool_errors, error_turns, valid_turns = turn_facts(messages, model.parse_failed)
-    reward = env.score(task["checker"], ws.files, ws.answer)
+    reward = score(task["checker"], ws.files, ws.answer)
     return {**meta, "task_id": task["task_id"], "family": task.get("family", "custom"), "harness_id": HARNESS_ID,
             "policy": policy, "temperature": temperature, "reward": reward, "success": reward == 1.0,
-            "checks": env.check_results(task["checker"], ws.files, ws.answer), "finish_reason": finish_reason,
+            "checks": check_results(task["checker"], ws.files, ws.answer), "finish_reason": finish_reason,
             "turns": len(model.sent), "parse_errors": sum(model.parse_failed), "tool_errors": tool_errors,
             "workflow_violations": 0, "workflow_checks": 0, "error_turns": error_turns,
             "valid_call_turns": valid_turns, "submitted_answer": ws.answer, "rerendered_turns": model.rerendered,
@@ -253,12 +256,13 @@ def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
             "framework": FRAMEWORK}
 
 
-def run_pydantic_ai_episodes(env, tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
-                             progress=True, positions=None):
-    """Every task x `samples` inside pydantic-ai, one after another; -> 04's eval records (group_id
-    "task|X-pydantic-ai|eval") + "framework". backend None = the oracle (tok optional: it only records ids)."""
-    def make_model(task, index):
+def run_pydantic_ai_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
+                             progress=True, positions=None, meta=None):
+    """Every task x `samples` inside pydantic-ai, one after another; -> 04's records + "framework". meta(task, s):
+    the record's meta (default: eval mode's, group_id "task|X-pydantic-ai|eval"; 04's train mode gives its own).
+    backend None = the oracle (tok optional: it only records ids)."""
+    def make_model(task, key):
         return (OracleModel(task, tok) if backend is None else
-                PolicyModel(backend, tok, positions, max_new_tokens, index * max_turns))
-    return run_bridge_episodes("pydantic-ai", HARNESS_ID, run_episode, make_model, env, tasks, policy, backend, tok,
-                               max_turns, temperature, samples, progress)
+                PolicyModel(EpisodeBackend(backend, key), tok, positions, max_new_tokens))
+    return run_bridge_episodes("pydantic-ai", HARNESS_ID, run_episode, make_model, tasks, policy, backend, tok,
+                               max_turns, temperature, samples, progress, meta)

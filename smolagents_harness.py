@@ -9,13 +9,15 @@ observation and error rendering and its memory are used exactly as the library s
 file adds is the plumbing between that black box and our environment:
 
 - Tools: the task's workspace tools (list_files, read_file, search, write_file, calculator) as smolagents
-  `Tool`s that call 04's `Workspace.call` (same semantics and limits; 04's max_arg on every argument); the
-  built-in `final_answer` tool (same name, description and schema) also records the answer = 04's submit.
+  `Tool`s that call environment.py's `Workspace.call` (the same semantics and limits as 04, `argument` on every
+  argument); the built-in `final_answer` tool (same name, description and schema) also records the answer = 04's
+  submit.
   A ToolCallingAgent (never a CodeAgent): nothing the model writes is executed.
 - The policy: a smolagents `Model` that renders the messages smolagents sends with the policy's chat
   template (generation.py's `encode`), samples through 04's backend (hf or vllm), decodes, cuts the text at the stop
   sequences smolagents asks for ("Observation:", "Calling tools:"), and records each call as one
-  token-in/token-out model turn (prompt ids as sent, completion ids as sampled, log-probs) in 04's schema.
+  token-in/token-out model turn (prompt ids as sent, completion ids as sampled, log-probs) in 04's schema. Each
+  episode draws with its own randomness, keyed by its episode_id as in 04's lockstep rollouts (EpisodeBackend).
 - The oracle: a scripted `Model` that writes each step of the task's `solution` in smolagents' format,
   through the same text path and parser as the policy (submit -> final_answer).
 
@@ -30,11 +32,10 @@ checker on the final workspace and the submitted answer. There is no W component
 Episodes run one after another (smolagents' loop is sequential): one generation call of batch size 1 per
 model turn, so this harness is much slower per episode than 04's lockstep batches.
 
-This file imports no stage: it takes 04's environment as plain functions and data (`Environment`: the workspace,
-the verifier, the argument limit), and the chat template and token-in/token-out rule from generation.py.
+This file imports no stage: the workspace, its tools and the verifier come from environment.py (as in 04), the chat
+template and the token-in/token-out rule from generation.py; 04 hands it the backend and the tokenizer.
 """
 import json
-from typing import Callable, NamedTuple
 
 import smolagents
 from smolagents import (AgentError, AgentGenerationError, AgentMaxStepsError, AgentParsingError,
@@ -44,6 +45,7 @@ from smolagents.memory import ActionStep
 from smolagents.models import get_clean_message_list, tool_role_conversions
 from tqdm import tqdm
 
+from environment import Workspace, argument, check_results, score
 from generation import encode, extend_prompt
 
 HARNESS_ID = "X-smolagents"
@@ -51,21 +53,8 @@ FRAMEWORK = f"smolagents {smolagents.__version__}"  # e.g. "smolagents 1.26.0", 
 SUPPORTED = ">=1.20,<1.27"  # the APIs used here exist unchanged in these versions (checked in their source)
 
 
-class Environment(NamedTuple):
-    """04's environment as plain functions and data (04 fills it in: Environment(Workspace, score, check_results,
-    MAX_ARG))."""
-    workspace: Callable  # task files -> a workspace: .call(tool, args) -> text (raises if the call fails), .files, .answer
-    score: Callable  # (checker, files, answer) -> reward (the verifier: 1.0 pass, 0.0 fail)
-    check_results: Callable  # (checker, files, answer) -> each top-level check's result, 0 or 1
-    max_arg: int  # characters a tool argument may hold
-
-
 class BridgeError(Exception):
     """Bad input to the bridge: 04 reports it as `error: ...` with exit status 2, nothing written."""
-
-
-class ToolError(Exception):
-    """A tool call that fails: smolagents shows it to the model as an error observation (04's name)."""
 
 
 def harness_title():
@@ -86,28 +75,22 @@ def safe(x):
 
 
 # ----------------------------------------------------------------------------- the workspace tools
-def workspace_call(env, ws, tool, **args):
-    """04's argument rules (numbers become strings, other types refused, max_arg chars), then Workspace.call."""
-    for name, value in args.items():
-        value = str(value) if type(value) in (int, float) else safe(value)  # model text is data (04)
-        if not isinstance(value, str):  # smolagents checks the declared type first; this is a second guard
-            raise ToolError(f"argument {name!r} must be a string")
-        if len(value) > env.max_arg:
-            raise ToolError(f"argument {name!r} too long ({env.max_arg} chars max)")
-        args[name] = value
-    return ws.call(tool, args)
+def workspace_call(ws, tool, **args):
+    """04's argument rules (environment.argument: numbers become strings, other types refused, MAX_ARG chars; the
+    framework checks the declared types first, this is a second guard), then Workspace.call."""
+    return ws.call(tool, {name: argument(name, safe(value)) for name, value in args.items()})  # model text is data
 
 
 class WorkspaceTool(Tool):
     """One of 04's canonical tools over one episode's Workspace. ToolError -> smolagents' error observation."""
     output_type = "string"
 
-    def __init__(self, env, ws):
+    def __init__(self, ws):
         super().__init__()
-        self.env, self.ws = env, ws
+        self.ws = ws
 
     def call_workspace(self, tool, **args):
-        return workspace_call(self.env, self.ws, tool, **args)
+        return workspace_call(self.ws, tool, **args)
 
 
 class ListFiles(WorkspaceTool):
@@ -154,17 +137,17 @@ class SubmitFinalAnswer(FinalAnswerTool):
     """smolagents' own final_answer tool (its name, description and schema), which also records the answer
     in the workspace the way 04's submit does: a string (numbers become strings) of at most max_arg chars."""
 
-    def __init__(self, env, ws):
+    def __init__(self, ws):
         super().__init__()
-        self.env, self.ws = env, ws
+        self.ws = ws
 
     def forward(self, answer):
-        workspace_call(self.env, self.ws, "submit", answer=answer)
+        workspace_call(self.ws, "submit", answer=answer)
         return self.ws.answer
 
 
-def make_tools(env, ws):
-    return [cls(env, ws) for cls in (ListFiles, ReadFile, Search, WriteFile, Calculator, SubmitFinalAnswer)]
+def make_tools(ws):
+    return [cls(ws) for cls in (ListFiles, ReadFile, Search, WriteFile, Calculator, SubmitFinalAnswer)]
 
 
 # ----------------------------------------------------------------------------- the agent (two guards, nothing else)
@@ -248,17 +231,28 @@ class EpisodeModel(Model):
         return message
 
 
-class PolicyModel(EpisodeModel):
-    """Our policy through 04's backend: completion ids as sampled (cut at the first stop token), decoded
-    with skip_special_tokens. The text is then cut at smolagents' stop sequences; the ids are kept whole."""
+class EpisodeBackend:
+    """04's backend for one episode: each generate call draws with the episode's own randomness, keyed by its
+    episode_id (generation.episode_seed) as in 04's lockstep rollouts: the same tokens whatever ran before it."""
 
-    def __init__(self, backend, tok, positions=None, max_new_tokens=0, turn_offset=0, model_id="policy"):
+    def __init__(self, backend, key):
+        self.backend, self.key = backend, key
+
+    def generate(self, prompts, turn):
+        return self.backend.generate(prompts, turn, keys=[self.key] * len(prompts))
+
+
+class PolicyModel(EpisodeModel):
+    """Our policy through 04's backend (an EpisodeBackend in an episode run here): completion ids as sampled (cut at
+    the first stop token), decoded with skip_special_tokens. The text is then cut at smolagents' stop sequences; the
+    ids are kept whole. The turn index is the episode's (0, 1, ...), as in 04."""
+
+    def __init__(self, backend, tok, positions=None, max_new_tokens=0, model_id="policy"):
         super().__init__(tok, positions, max_new_tokens, model_id)
-        self.backend, self.turn_offset = backend, turn_offset
+        self.backend = backend
 
     def reply(self, messages, prompt_ids):
-        # turn index: distinct per (episode, step), so vLLM's per-request seeds differ between episodes
-        completion_ids, logprobs = self.backend.generate([prompt_ids], self.turn_offset + len(self.sent) - 1)[0]
+        completion_ids, logprobs = self.backend.generate([prompt_ids], len(self.sent) - 1)[0]
         return self.tok.decode(completion_ids, skip_special_tokens=True), completion_ids, logprobs
 
 
@@ -284,9 +278,9 @@ class OracleModel(EpisodeModel):
 
 
 # ----------------------------------------------------------------------------- episodes
-def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
+def run_episode(task, model, ws, max_turns, meta, policy, temperature):
     """One task inside smolagents with `model` (an EpisodeModel) over workspace `ws`; -> 04's record."""
-    agent = Agent(tools=make_tools(env, ws), model=model, max_steps=max_turns, verbosity_level=LogLevel.OFF)
+    agent = Agent(tools=make_tools(ws), model=model, max_steps=max_turns, verbosity_level=LogLevel.OFF)
     finish_reason = "turn_budget"
     try:
         agent.run(task["request"])
@@ -300,10 +294,10 @@ def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
     failed = [s for s in steps if isinstance(s.error, AgentError) and not isinstance(s.error, AgentMaxStepsError)]
     errors = [s.error for s in failed]
     parse_errors = sum(isinstance(e, AgentParsingError) for e in errors)
-    reward = env.score(task["checker"], ws.files, ws.answer)
+    reward = score(task["checker"], ws.files, ws.answer)
     return {**meta, "task_id": task["task_id"], "family": task.get("family", "custom"), "harness_id": HARNESS_ID,
             "policy": policy, "temperature": temperature, "reward": reward, "success": reward == 1.0,
-            "checks": env.check_results(task["checker"], ws.files, ws.answer),
+            "checks": check_results(task["checker"], ws.files, ws.answer),
             "finish_reason": finish_reason, "turns": len(model.sent), "parse_errors": parse_errors,
             "tool_errors": len(errors) - parse_errors, "workflow_violations": 0, "workflow_checks": 0,
             "error_turns": [s.step_number for s in failed],  # 04's per-turn facts, from smolagents' steps
@@ -314,13 +308,20 @@ def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
             "framework": FRAMEWORK}
 
 
-def run_bridge_episodes(name, harness_id, run_episode, make_model, env, tasks, policy, backend, tok, max_turns,
-                        temperature, samples=1, progress=True):
+def eval_meta(harness_id):
+    """04's eval-mode meta of sample s of a task under this harness: meta(task, s) -> the record's first fields."""
+    return lambda task, s: {"episode_id": f"eval-{task['task_id']}-{harness_id}-s{s}", "iteration": None,
+                            "visit": None, "group_id": f"{task['task_id']}|{harness_id}|eval", "sample_index": s}
+
+
+def run_bridge_episodes(name, harness_id, run_episode, make_model, tasks, policy, backend, tok, max_turns,
+                        temperature, samples=1, progress=True, meta=None):
     """Every task x `samples` inside a framework, one episode after another (its loop is sequential); -> records
-    in 04's eval schema (iteration None, group_id "task|HARNESS|eval") plus "framework". backend None = the
-    oracle (tok optional: it only records token ids); otherwise 04's HFBackend or VLLMBackend and the policy's tok.
-    make_model(task, index) -> the episode's Model (the oracle's, or the policy's from turn index * max_turns on).
-    Every bridge runs its episodes through this function."""
+    in 04's schema plus "framework". meta(task, s) -> the record's meta (default: eval mode's, eval_meta; 04's
+    train mode gives its own). backend None = the oracle (tok optional: it only records token ids); otherwise 04's
+    HFBackend or VLLMBackend and the policy's tok. make_model(task, key) -> the episode's Model (the oracle's, or the
+    policy's drawing through EpisodeBackend(backend, key), key = the episode_id). Every bridge runs its episodes
+    through this function."""
     if max_turns < 1 or samples < 1:
         raise BridgeError(f"{name} harness: max_turns and samples must be >= 1")
     missing = [t["task_id"] for t in tasks if backend is None and not t.get("solution")]
@@ -328,21 +329,17 @@ def run_bridge_episodes(name, harness_id, run_episode, make_model, env, tasks, p
         raise BridgeError(f"task {missing[0]!r}: the oracle needs a 'solution'")
     if backend is not None and tok is None:
         raise BridgeError(f"{name} harness: a policy backend needs the policy's tokenizer")
-    jobs = [(task, s) for task in tasks for s in range(samples)]
-    records = []
-    for index, (task, s) in enumerate(tqdm(jobs, desc=f"{name} episodes", disable=not progress, leave=False)):
-        meta = {"episode_id": f"eval-{task['task_id']}-{harness_id}-s{s}", "iteration": None, "visit": None,
-                "group_id": f"{task['task_id']}|{harness_id}|eval", "sample_index": s}
-        records.append(run_episode(env, task, make_model(task, index), env.workspace(task["files"]), max_turns, meta,
-                                   policy, temperature))
-    return records
+    metas = [(task, (meta or eval_meta(harness_id))(task, s)) for task in tasks for s in range(samples)]
+    return [run_episode(task, make_model(task, m["episode_id"]), Workspace(task["files"]), max_turns, m, policy,
+                        temperature)
+            for task, m in tqdm(metas, desc=f"{name} episodes", disable=not progress, leave=False)]
 
 
-def run_smolagents_episodes(env, tasks, policy, backend, tok, max_turns, max_new_tokens, temperature,
-                            samples=1, progress=True, positions=None):
+def run_smolagents_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
+                            progress=True, positions=None, meta=None):
     """The episodes inside smolagents' text mode (run_bridge_episodes)."""
-    def make_model(task, index):
+    def make_model(task, key):
         return (OracleModel(task, tok) if backend is None else
-                PolicyModel(backend, tok, positions, max_new_tokens, index * max_turns, str(policy)))
-    return run_bridge_episodes("smolagents", HARNESS_ID, run_episode, make_model, env, tasks, policy, backend, tok,
-                               max_turns, temperature, samples, progress)
+                PolicyModel(EpisodeBackend(backend, key), tok, positions, max_new_tokens, str(policy)))
+    return run_bridge_episodes("smolagents", HARNESS_ID, run_episode, make_model, tasks, policy, backend, tok,
+                               max_turns, temperature, samples, progress, meta)

@@ -14,7 +14,7 @@ parser, as it does with any API (a parse error when that fails too). Everything 
 toolcalling_agent.yaml system prompt, its memory (a call is shown back to the model as "Calling tools: [...]", a
 result as "Observation: ..."), its error texts, its loop.
 
-Shared with smolagents_harness.py (imported, not copied): the Environment, the workspace tools and final_answer,
+Shared with smolagents_harness.py (imported, not copied): the workspace tools (environment.py's) and final_answer,
 the Agent with its two guards (no forced extra answer call at the step limit; a non-string tool name is an unknown
 tool), the episode record (run_episode) and the token-in/token-out bookkeeping of its EpisodeModel. Decisions
 of this file: smolagents asks for tool_choice="required", which an engine enforces by guided decoding; we sample
@@ -29,8 +29,8 @@ from smolagents.models import ChatMessageToolCall, ChatMessageToolCallFunction
 import smolagents_harness as text_bridge
 from generation import (ToolTemplate, encode, extend_prompt, parse_tool_calls, sampled_reply, scripted_reply,
                         tool_call_text)
-from smolagents_harness import ContextLimit, run_bridge_episodes, safe
-from smolagents_harness import BridgeError, Environment  # noqa: F401  (04 uses them through this module)
+from smolagents_harness import ContextLimit, EpisodeBackend, run_bridge_episodes, safe
+from smolagents_harness import BridgeError  # noqa: F401  (04 uses it through this module)
 
 HARNESS_ID = "X-smolagents-native"
 FRAMEWORK = f"{text_bridge.FRAMEWORK} (native tool calls)"  # e.g. "smolagents 1.26.0 (native tool calls)"
@@ -79,12 +79,12 @@ class NativeModel(text_bridge.EpisodeModel):
 class PolicyModel(NativeModel):
     """Our policy through 04's backend, the reply decoded as vLLM does with tools (generation.sampled_reply)."""
 
-    def __init__(self, backend, tok, positions=None, max_new_tokens=0, turn_offset=0, model_id="policy"):
+    def __init__(self, backend, tok, positions=None, max_new_tokens=0, model_id="policy"):
         super().__init__(tok, positions, max_new_tokens, model_id)
-        self.backend, self.turn_offset = backend, turn_offset
+        self.backend = backend
 
     def reply(self, messages, prompt_ids):
-        return sampled_reply(self.backend, self.tok, prompt_ids, self.turn_offset + len(self.sent) - 1)
+        return sampled_reply(self.backend, self.tok, prompt_ids, len(self.sent) - 1)
 
 
 def oracle_text(step):
@@ -103,18 +103,18 @@ class OracleModel(NativeModel):
         return scripted_reply(oracle_text(self.solution[min(len(self.sent) - 1, len(self.solution) - 1)]), self.tok)
 
 
-def run_episode(env, task, model, ws, max_turns, meta, policy, temperature):
+def run_episode(task, model, ws, max_turns, meta, policy, temperature):
     """One task inside smolagents (native tool calls); -> 04's record (smolagents_harness.run_episode's)."""
-    record = text_bridge.run_episode(env, task, model, ws, max_turns, meta, policy, temperature)
+    record = text_bridge.run_episode(task, model, ws, max_turns, meta, policy, temperature)
     return {**record, "harness_id": HARNESS_ID, "framework": FRAMEWORK}
 
 
-def run_native_episodes(env, tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
-                        progress=True, positions=None):
-    """Every task x `samples` inside smolagents with native tool calls, one after another; -> 04's eval records
-    (group_id "task|X-smolagents-native|eval") + "framework". backend None = the oracle (tok optional)."""
-    def make_model(task, index):
+def run_native_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
+                        progress=True, positions=None, meta=None):
+    """Every task x `samples` inside smolagents with native tool calls, one after another; -> 04's records
+    (default: eval mode's, group_id "task|X-smolagents-native|eval") + "framework". backend None = the oracle."""
+    def make_model(task, key):
         return (OracleModel(task, tok) if backend is None else
-                PolicyModel(backend, tok, positions, max_new_tokens, index * max_turns, str(policy)))
-    return run_bridge_episodes("smolagents (native)", HARNESS_ID, run_episode, make_model, env, tasks, policy, backend,
-                               tok, max_turns, temperature, samples, progress)
+                PolicyModel(EpisodeBackend(backend, key), tok, positions, max_new_tokens, str(policy)))
+    return run_bridge_episodes("smolagents (native)", HARNESS_ID, run_episode, make_model, tasks, policy, backend,
+                               tok, max_turns, temperature, samples, progress, meta)

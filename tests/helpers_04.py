@@ -140,7 +140,7 @@ class Recording:
     def __init__(self, backend):
         self.backend, self.calls = backend, []
 
-    def generate(self, prompts, turn):
-        out = self.backend.generate(prompts, turn)
+    def generate(self, prompts, turn, keys=None):
+        out = self.backend.generate(prompts, turn, keys=keys)
         self.calls.append((prompts[0], out[0]))
         return out

@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+import environment as E  # noqa: E402
 import helpers_04 as H  # noqa: E402
 from conftest import load_stage  # noqa: E402
 
@@ -21,7 +22,6 @@ P = load_stage("pydantic_ai_harness.py")
 TEST_TASKS = R.load_tasks(H.ROOT / "data" / "test_tasks.jsonl")
 TASK = next(t for t in TEST_TASKS if t["family"] == "lookup")
 META = {"episode_id": "e", "iteration": None, "visit": None, "group_id": "g", "sample_index": 0}
-ENV = N.Environment(workspace=R.Workspace, score=R.score, check_results=R.check_results, max_arg=R.MAX_ARG)
 BRIDGES = {"smolagents": (N, N.run_native_episodes, "final_answer"), "pydantic-ai": (P, P.run_pydantic_ai_episodes,
                                                                                       "submit")}
 
@@ -109,7 +109,7 @@ def test_hermes_rendering_is_qwen25s_template(tiny):
 @pytest.mark.parametrize("name", BRIDGES)
 def test_the_oracle_solves_every_test_task_inside_each_framework(name):
     module, run, _ = BRIDGES[name]
-    records = run(ENV, TEST_TASKS, "oracle", None, None, max_turns=6, max_new_tokens=128, temperature=0.0,
+    records = run(TEST_TASKS, "oracle", None, None, max_turns=6, max_new_tokens=128, temperature=0.0,
                   progress=False)
     assert len(records) == len(TEST_TASKS) >= 100
     assert [r["task_id"] for r in records if not r["success"]] == []
@@ -124,7 +124,7 @@ def test_the_oracle_solves_every_test_task_inside_each_framework(name):
 def test_records_have_04s_schema(name):
     module, run, _ = BRIDGES[name]
     ours = R.run_episodes([(TASK, H.space_records()[0], dict(META))], "oracle", progress=False)[0]
-    rec = run(ENV, [TASK], "oracle", None, None, 6, 128, 0.0, samples=2, progress=False)
+    rec = run([TASK], "oracle", None, None, 6, 128, 0.0, samples=2, progress=False)
     assert set(rec[0]) == set(ours) | {"framework"}
     assert all(type(rec[0][k]) is type(ours[k]) for k in ours if rec[0][k] is not None and ours[k] is not None)
     assert json.loads(json.dumps(rec[0])) == rec[0]
@@ -132,9 +132,9 @@ def test_records_have_04s_schema(name):
     assert rec[1]["episode_id"].endswith("-s1") and rec[0]["submitted_answer"] == TASK["checker"]["value"]
     assert all(set(m) == {"role", "content"} and isinstance(m["content"], str) for m in rec[0]["transcript"])
     with pytest.raises(module.BridgeError, match="needs a 'solution'"):
-        run(ENV, [dict(TASK, solution=None)], "oracle", None, None, 6, 128, 0.0, progress=False)
+        run([dict(TASK, solution=None)], "oracle", None, None, 6, 128, 0.0, progress=False)
     with pytest.raises(module.BridgeError, match="max_turns"):
-        run(ENV, [TASK], "oracle", None, None, 0, 128, 0.0, progress=False)
+        run([TASK], "oracle", None, None, 0, 128, 0.0, progress=False)
 
 
 def check_token_consistency(model, rec, tok):
@@ -162,7 +162,7 @@ def test_the_oracle_with_a_tokenizer_records_ids_that_decode_to_its_calls(tiny):
     task = next(t for t in TEST_TASKS if t["family"] == "sum")
     for module in (N, P):
         model = module.OracleModel(task, tok)
-        rec = module.run_episode(ENV, task, model, R.Workspace(task["files"]), 6, META, "oracle", 0.0)
+        rec = module.run_episode(task, model, R.Workspace(task["files"]), 6, META, "oracle", 0.0)
         assert rec["success"] and len(rec["model_turns"]) == len(task["solution"])
         for step, turn in zip(task["solution"], rec["model_turns"]):
             assert turn["completion_ids"][-1] == tok.stop_ids[0] and turn["logprobs"] is None
@@ -181,14 +181,14 @@ def test_a_tiny_policy_runs_token_in_token_out(tiny, name):
     calls = recording.calls
     R.seed_everything(0)
     model = module.PolicyModel(recording, tok, 8192, 16)
-    rec = module.run_episode(ENV, TASK, model, R.Workspace(TASK["files"]), 3, META, "tiny", 1.0)
+    rec = module.run_episode(TASK, model, R.Workspace(TASK["files"]), 3, META, "tiny", 1.0)
     assert rec["finish_reason"] in ("submitted", "turn_budget") and 0.0 <= rec["reward"] <= 1.0
     assert len(calls) == rec["turns"] == len(rec["model_turns"])
     for (prompt, (ids, lps)), turn in zip(calls, rec["model_turns"]):
         assert prompt == turn["prompt_ids"] and turn["completion_ids"] == ids and turn["logprobs"] == lps
         assert 0 < len(ids) <= 16 and len(lps) == len(ids)
     check_token_consistency(model, rec, tok)
-    rec = BRIDGES[name][1](ENV, [TASK], str(path), backend, tok, 3, 16, 1.0, progress=False, positions=100)[0]
+    rec = BRIDGES[name][1]([TASK], str(path), backend, tok, 3, 16, 1.0, progress=False, positions=100)[0]
     assert rec["finish_reason"] == "context_limit" and rec["turns"] == 0 and rec["reward"] == 0.0
 
 
@@ -223,11 +223,11 @@ def test_hostile_replies_are_parse_or_tool_errors(tiny, name, with_tok):
         (call("read_file", {"path": "x\ud800.txt"}).encode("utf-8", "surrogatepass").decode("utf-8", "replace")
          if with_tok else call("read_file", {"path": "x\ud800.txt"}), False, True),  # a surrogate in an argument
         (call("read_file", {"path": "../etc/passwd"}), False, True),  # outside the workspace: 04's ToolError
-        (call("write_file", {"path": "b.txt", "content": "x" * (R.MAX_ARG + 1)}), False, True),  # over max_arg
+        (call("write_file", {"path": "b.txt", "content": "x" * (E.MAX_ARG + 1)}), False, True),  # over max_arg
     ]
     for reply, parse_error, tool_error in cases:
         model = scripted(module, [reply, call(submit, {"answer": value})], tok)
-        rec = module.run_episode(ENV, TASK, model, R.Workspace(TASK["files"]), 3, META, "scripted", 0.0)
+        rec = module.run_episode(TASK, model, R.Workspace(TASK["files"]), 3, META, "scripted", 0.0)
         assert (rec["parse_errors"], rec["tool_errors"] > 0) == (int(parse_error), tool_error), (reply[:60], rec)
         assert rec["error_turns"] == [1] and rec["turns"] == 2, reply[:60]
         assert rec["success"] and rec["finish_reason"] == "submitted", reply[:60]  # recovered at turn 2
@@ -240,14 +240,14 @@ def test_hostile_replies_are_parse_or_tool_errors(tiny, name, with_tok):
 def test_the_turn_budget_and_a_wrong_answer(name):
     module, _, submit = BRIDGES[name]
     model = scripted(module, [call("list_files", {})], None)
-    rec = module.run_episode(ENV, TASK, model, R.Workspace(TASK["files"]), 3, META, "scripted", 0.0)
+    rec = module.run_episode(TASK, model, R.Workspace(TASK["files"]), 3, META, "scripted", 0.0)
     assert len(model.sent) == rec["turns"] == 3 and rec["finish_reason"] == "turn_budget"
     assert rec["reward"] == 0.0 and rec["submitted_answer"] is None and rec["valid_call_turns"] == [1, 2, 3]
     model = scripted(module, ["nothing"], None)
-    rec = module.run_episode(ENV, TASK, model, R.Workspace(TASK["files"]), 4, META, "scripted", 0.0)
+    rec = module.run_episode(TASK, model, R.Workspace(TASK["files"]), 4, META, "scripted", 0.0)
     assert rec["turns"] == 4 and rec["parse_errors"] == 4 and rec["finish_reason"] == "turn_budget"
     model = scripted(module, [call(submit, {"answer": "999999"})], None)
-    rec = module.run_episode(ENV, TASK, model, R.Workspace(TASK["files"]), 3, META, "scripted", 0.0)
+    rec = module.run_episode(TASK, model, R.Workspace(TASK["files"]), 3, META, "scripted", 0.0)
     assert rec["finish_reason"] == "submitted" and rec["reward"] == 0.0 and rec["submitted_answer"] == "999999"
 
 

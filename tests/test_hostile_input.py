@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import environment as E
 import helpers_04 as H
 from conftest import ROOT, load_stage
 
@@ -47,7 +48,7 @@ def test_every_corpus_reply_is_one_safe_step_under_every_syntax(harness):
         obs = ep.messages[-1]["content"] if not ep.done else ""
         assert len(obs) <= 2 * cap + 1200, (reply[:60], len(obs))  # MAX_SHOWN outputs/errors + reminder
         assert is_text(ep.record("p", 1.0)) and is_text(ep.context())
-        assert all(R.workspace_path(p) == p for p in ep.ws.files) and len(ep.ws.files) <= R.MAX_FILES
+        assert all(E.workspace_path(p) == p for p in ep.ws.files) and len(ep.ws.files) <= E.MAX_FILES
     assert time.perf_counter() - start < 20
 
 
@@ -126,11 +127,6 @@ def smolagents_bridge():
     return load_stage("smolagents_harness.py")
 
 
-def environment(B):
-    """04's environment as the bridge takes it: plain functions and data."""
-    return B.Environment(workspace=R.Workspace, score=R.score, check_results=R.check_results, max_arg=R.MAX_ARG)
-
-
 class Scripted:
     @staticmethod
     def make(B, replies, tok=None):
@@ -149,7 +145,7 @@ def test_a_typed_surrogate_through_the_smolagents_bridge(tiny):
                act("final_answer", {"answer": "\\ud800"}).replace("\\\\", "\\")]
     model = Scripted.make(B, replies, tok=tok)  # with a tokenizer: every prompt is encoded (would raise TypeError)
     ws = R.Workspace(TASK["files"])
-    rec = B.run_episode(environment(B), TASK, model, ws, 6, META, "scripted", 0.0)
+    rec = B.run_episode(TASK, model, ws, 6, META, "scripted", 0.0)
     assert rec["finish_reason"] == "submitted" and ws.files["x.txt"] == "a\ufffdb" and rec["submitted_answer"] == "\ufffd"
     assert is_text(rec) and "a\ufffdb" in json.dumps(rec["transcript"], ensure_ascii=False)
 
@@ -160,6 +156,6 @@ def test_the_corpus_through_the_smolagents_bridge():
     for i in range(0, len(CORPUS), 6):
         model = Scripted.make(B, CORPUS[i:i + 6])
         ws = R.Workspace(TASK["files"])
-        rec = B.run_episode(environment(B), TASK, model, ws, 6, dict(META, episode_id=f"e{i}"), "scripted", 0.0)
+        rec = B.run_episode(TASK, model, ws, 6, dict(META, episode_id=f"e{i}"), "scripted", 0.0)
         assert rec["finish_reason"] in ("submitted", "turn_budget") and is_text(rec) and is_text(ws.files)
     assert time.perf_counter() - start < 60

@@ -215,9 +215,8 @@ def test_the_rollout_table_lists_exactly_what_04_writes_and_accepts_it(capsys):
 def test_the_rollout_table_accepts_the_smolagents_bridges_records():
     pytest.importorskip("smolagents")
     import smolagents_harness as B
-    env = B.Environment(workspace=R.Workspace, score=R.score, check_results=R.check_results, max_arg=R.MAX_ARG)
     tasks = H.read_tasks("test_tasks.jsonl")[:2]
-    for r in B.run_smolagents_episodes(env, tasks, "oracle", None, None, 4, 64, 0.0, progress=False):
+    for r in B.run_smolagents_episodes(tasks, "oracle", None, None, 4, 64, 0.0, progress=False):
         r["sampler"] = {"backend": "oracle", "dtype": None}
         assert set(r) <= set(S.ROLLOUT)
         S.check_record(r, S.ROLLOUT, "smolagents")

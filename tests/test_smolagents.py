@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import yaml  # noqa: E402  (a dependency of smolagents)
 
+import environment as E  # noqa: E402
 import helpers_04 as H  # noqa: E402
 from conftest import load_stage  # noqa: E402
 
@@ -19,7 +20,6 @@ B = load_stage("smolagents_harness.py")
 TEST_TASKS = R.load_tasks(H.ROOT / "data" / "test_tasks.jsonl")
 TASK = next(t for t in TEST_TASKS if t["family"] == "lookup")  # answer_equals; files hold its answer
 META = {"episode_id": "e", "iteration": None, "group_id": "g", "sample_index": 0}
-ENV = B.Environment(workspace=R.Workspace, score=R.score, check_results=R.check_results, max_arg=R.MAX_ARG)  # 04's
 
 
 class Scripted(B.EpisodeModel):
@@ -40,7 +40,7 @@ def action(name, arguments):
 def run_scripted(replies, task=TASK, max_turns=3):
     model = Scripted(replies)
     ws = R.Workspace(task["files"])
-    return B.run_episode(ENV, task, model, ws, max_turns, META, "scripted", 0.0), model
+    return B.run_episode(task, model, ws, max_turns, META, "scripted", 0.0), model
 
 
 def observations(rec):
@@ -57,7 +57,7 @@ def tiny(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- the oracle inside smolagents
 def test_oracle_solves_every_test_task_inside_smolagents():
-    records = B.run_smolagents_episodes(ENV, TEST_TASKS, "oracle", None, None, max_turns=6, max_new_tokens=128,
+    records = B.run_smolagents_episodes(TEST_TASKS, "oracle", None, None, max_turns=6, max_new_tokens=128,
                                         temperature=0.0, progress=False)
     assert len(records) == len(TEST_TASKS) >= 100
     failed = [r["task_id"] for r in records if not r["success"]]
@@ -72,7 +72,7 @@ def test_records_have_04s_schema_and_name_the_framework():
     harness = H.space_records()[0]  # the base configuration
     meta = {"episode_id": "x", "iteration": None, "visit": None, "group_id": "x", "sample_index": 0}  # as 04's eval
     ours = R.run_episodes([(TASK, harness, meta)], "oracle", progress=False)[0]
-    rec = B.run_smolagents_episodes(ENV, [TASK], "oracle", None, None, 6, 128, 0.0, samples=2, progress=False)
+    rec = B.run_smolagents_episodes([TASK], "oracle", None, None, 6, 128, 0.0, samples=2, progress=False)
     assert set(rec[0]) == set(ours) | {"framework"}
     # the per-turn facts of 06's metrics: no W rule here; the oracle's every step is a valid call
     assert rec[0]["workflow_checks"] == 0 and rec[0]["error_turns"] == []
@@ -91,7 +91,7 @@ def test_the_oracle_with_a_tokenizer_records_ids_that_decode_to_its_replies(tiny
     tok = tiny[1]
     task = next(t for t in TEST_TASKS if t["family"] == "sum")
     model = B.OracleModel(task, tok)
-    rec = B.run_episode(ENV, task, model, R.Workspace(task["files"]), 6, META, "oracle", 0.0)
+    rec = B.run_episode(task, model, R.Workspace(task["files"]), 6, META, "oracle", 0.0)
     assert rec["success"] and len(rec["model_turns"]) == rec["turns"] == len(task["solution"])
     for step, sent, turn in zip(task["solution"], model.sent, rec["model_turns"]):
         assert turn["prompt_ids"] == R.encode(tok, sent)
@@ -118,7 +118,7 @@ def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
     args = types.SimpleNamespace(temperature=1.0, max_new_tokens=24, seed=0)
     backend = R.HFBackend(path, tok, args)
     R.seed_everything(0)
-    records = B.run_smolagents_episodes(ENV, TEST_TASKS[:3], str(path), backend, tok, max_turns=3, max_new_tokens=24,
+    records = B.run_smolagents_episodes(TEST_TASKS[:3], str(path), backend, tok, max_turns=3, max_new_tokens=24,
                                         temperature=1.0, progress=False, positions=8192)
     for rec in records:
         assert 1 <= rec["turns"] <= 3 and len(rec["model_turns"]) == rec["turns"]
@@ -134,7 +134,7 @@ def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
     recording = H.Recording(backend)
     calls = recording.calls
     model = B.PolicyModel(recording, tok, 8192, 24)
-    rec = B.run_episode(ENV, TEST_TASKS[0], model, R.Workspace(TEST_TASKS[0]["files"]), 3, META, "tiny", 1.0)
+    rec = B.run_episode(TEST_TASKS[0], model, R.Workspace(TEST_TASKS[0]["files"]), 3, META, "tiny", 1.0)
     assert len(calls) == len(model.sent) == rec["turns"] == len(rec["model_turns"])
     extended = 0
     for i, ((prompt, (ids, lps)), sent, turn) in enumerate(zip(calls, model.sent, rec["model_turns"])):
@@ -161,7 +161,7 @@ def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
 def test_a_prompt_over_the_positions_ends_the_episode_as_context_limit(tiny):
     path, tok = tiny
     backend = R.HFBackend(path, tok, types.SimpleNamespace(temperature=1.0, max_new_tokens=16, seed=0))
-    rec = B.run_smolagents_episodes(ENV, [TASK], str(path), backend, tok, 3, 16, 1.0, progress=False,
+    rec = B.run_smolagents_episodes([TASK], str(path), backend, tok, 3, 16, 1.0, progress=False,
                                     positions=1000)[0]
     assert rec["finish_reason"] == "context_limit" and rec["turns"] == 0 and rec["reward"] == 0.0
 
@@ -189,11 +189,11 @@ def test_an_unknown_tool_a_bad_name_and_bad_arguments_are_tool_errors():
 
 
 def test_a_huge_argument_and_a_path_outside_the_workspace_are_our_tool_errors():
-    rec, model = run_scripted([action("write_file", {"path": "big.txt", "content": "x" * (R.MAX_ARG + 1)}),
+    rec, model = run_scripted([action("write_file", {"path": "big.txt", "content": "x" * (E.MAX_ARG + 1)}),
                                action("read_file", {"path": "../x"}), action("read_file", {"path": "/etc/passwd"}),
-                               action("final_answer", {"answer": "y" * (R.MAX_ARG + 1)})], max_turns=4)
+                               action("final_answer", {"answer": "y" * (E.MAX_ARG + 1)})], max_turns=4)
     shown = observations(rec)
-    assert f"ToolError: argument 'content' too long ({R.MAX_ARG} chars max)" in shown[0]
+    assert f"ToolError: argument 'content' too long ({E.MAX_ARG} chars max)" in shown[0]
     assert "ToolError: path must stay inside the workspace: ../x" in shown[1]
     assert "ToolError: path must stay inside the workspace" in shown[2]
     assert rec["tool_errors"] == 4 and rec["finish_reason"] == "turn_budget" and rec["submitted_answer"] is None
@@ -241,9 +241,9 @@ def test_tools_keep_04s_semantics():
 def test_bad_input_is_a_clear_error():
     no_solution = dict(TASK, solution=None)
     with pytest.raises(B.BridgeError, match="needs a 'solution'"):
-        B.run_smolagents_episodes(ENV, [no_solution], "oracle", None, None, 6, 128, 0.0, progress=False)
+        B.run_smolagents_episodes([no_solution], "oracle", None, None, 6, 128, 0.0, progress=False)
     with pytest.raises(B.BridgeError, match="max_turns"):
-        B.run_smolagents_episodes(ENV, [TASK], "oracle", None, None, 0, 128, 0.0, progress=False)
+        B.run_smolagents_episodes([TASK], "oracle", None, None, 0, 128, 0.0, progress=False)
 
 
 # ----------------------------------------------------------------------------- through 04's command line
