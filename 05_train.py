@@ -17,18 +17,11 @@ the previous prompt + completion are merged into one sequence (same loss, fewer 
     # ... with the model sharded over the ranks (FSDP2) when its weights + AdamW state do not fit one GPU
     torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/big --iteration 0 --algo grpo --fsdp
 
-Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW moments, 2x the fp32
-weights, loaded by the next update from its --policy folder when saved by the same --algo with the same parameter
-groups) and, beside it, train_log.jsonl (one row per optimizer step) and 05_train_config.json. Defaults with --run
-DIR --iteration t: rollouts DIR/iter_{t:03d}/rollouts.jsonl, policy DIR/init_policy (t = 0) or
-DIR/iter_{t-1:03d}/policy, out DIR/iter_{t:03d}/policy.
-
-Tests and benchmarks only: the environment variable HARNESS_05_TEST_VARIANTS, a comma-separated list of
-    score-all-old      score every pi_old apart (no first-minibatch shortcut): the update must not change
-    no-skip-zero-adv   also run the GRPO sequences whose advantage is 0 (they add exactly 0 to the gradient)
-    no-merge-turns     one sequence per model turn, never merged (bench/bench_train.py measures what merging saves)
-    no-norm-adv        PPO: do not whiten the GAE advantages (tests compute the raw ones by hand)
-    naive-local-nb     under torchrun, the biased port: loss over each rank's own N_B, gradients averaged
+Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW moments, which the
+next update loads from its --policy folder; generation.save_checkpoint) and, beside it, train_log.jsonl (one row per
+minibatch) and 05_train_config.json. Defaults with --run DIR --iteration t: rollouts DIR/iter_{t:03d}/rollouts.jsonl,
+policy DIR/init_policy (t = 0) or DIR/iter_{t-1:03d}/policy, out DIR/iter_{t:03d}/policy. Tests and benchmarks
+only: the environment variable HARNESS_05_TEST_VARIANTS, a comma-separated list of the VARIANTS below.
 """
 import argparse
 import contextlib
@@ -37,7 +30,6 @@ import functools
 import json
 import math
 import os
-import shutil
 import sys
 import time
 import types
@@ -47,17 +39,23 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from plumbing import fail, locked, seed_everything, write_atomic
+from generation import (LOGIT_CHUNK, bf16_autocast, check_head, check_policy_folder, forward, load_for_training,
+                        load_optimizer, micro_batches, save_checkpoint, token_batch, trunk_and_head)
+from plumbing import fail, jsonl_text, locked, seed_everything
 from schemas import TRAIN_ROLLOUT, load_rollouts
 
-LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk (--logit-chunk): 1024 x 151,936 x 4 B = 0.6 GB a tensor
 TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
 MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
 ADV_EPS = 1e-6  # GRPO: A = (r - mean) / (std + eps)
 GAMMA = 1.0  # PPO: discount over generated tokens (verl's default; the reward is on the episode's last token)
 VF_COEF, VF_CLIP, VF_LR_FACTOR = 0.5, 0.5, 10  # PPO: value-loss weight, value clip, value head lr = 10 x --lr (verl)
 VARIANTS_ENV = "HARNESS_05_TEST_VARIANTS"
-VARIANTS = {"score-all-old", "no-skip-zero-adv", "no-merge-turns", "no-norm-adv", "naive-local-nb"}
+VARIANTS = {  # tests and benchmarks only, named in HARNESS_05_TEST_VARIANTS
+    "score-all-old": "score every pi_old apart (no first-minibatch shortcut): the update must not change",
+    "no-skip-zero-adv": "also run the GRPO sequences whose advantage is 0 (they add exactly 0 to the gradient)",
+    "no-merge-turns": "one sequence per model turn, never merged (bench/bench_train.py measures what merging saves)",
+    "no-norm-adv": "PPO: do not whiten the GAE advantages (tests compute the raw ones by hand)",
+    "naive-local-nb": "under torchrun, the biased port: loss over each rank's own N_B, gradients averaged"}
 ROLLOUT_FIELDS = ["model_turns", "reward", "group_id", "temperature", "episode_id", "policy", "sampler"]  # 05 reads
 
 
@@ -96,8 +94,6 @@ def parse_args(argv=None):
     g.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward (accumulation)")
     g.add_argument("--micro-batch-tokens", type=int, help="instead: micro-batches of the length-sorted sequences "
                    "holding at most this many padded tokens, so memory follows tokens, not sequence counts")
-    g.add_argument("--logit-chunk", type=int, default=LOGIT_CHUNK, help="completion tokens per LM-head chunk: the "
-                   "fp32 [tokens, vocab] logits exist for one chunk at a time; 0 = the whole micro-batch at once")
     g.add_argument("--amp", choices=["auto", "bf16", "off"], default="auto", help="bf16 autocast of the trunk (LM "
                    "head fp32): auto = on a GPU with bf16; bf16 = also on a CPU (~1.6x faster with AVX512-BF16/AMX)")
     g = p.add_argument_group("distributed (torchrun, docs/distributed.md)")
@@ -142,8 +138,6 @@ def check_flags(args):
     for k in ("epochs", "micro_batch_size", "minibatches", "minibatch_size", "micro_batch_tokens"):
         if getattr(args, k) is not None and getattr(args, k) < 1:
             fail(f"--{k.replace('_', '-')} must be >= 1")
-    if args.logit_chunk < 0:
-        fail(f"--logit-chunk {args.logit_chunk}: must be >= 0 (0 = no chunking)")
     if not (math.isfinite(args.lr) and args.lr > 0):
         fail(f"--lr {args.lr}: must be a finite number > 0")
     if not 0 < args.clip_eps < 1:
@@ -161,16 +155,11 @@ def check_flags(args):
 
 
 def variants_from_env():
-    """The test-only variants named in HARNESS_05_TEST_VARIANTS (module docstring)."""
+    """The test-only VARIANTS named in HARNESS_05_TEST_VARIANTS."""
     variants = frozenset(v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip())
-    if variants - VARIANTS:
-        fail(f"{VARIANTS_ENV}: unknown {sorted(variants - VARIANTS)} (known: {sorted(VARIANTS)})")
+    if variants - VARIANTS.keys():
+        fail(f"{VARIANTS_ENV}: unknown {sorted(variants - VARIANTS.keys())} (known: {sorted(VARIANTS)})")
     return variants
-
-
-def check_policy_dir(path, what="policy"):
-    if not (Path(path) / "config.json").is_file():
-        fail(f"{what} folder {path} not found (expected a save_pretrained folder with config.json)")
 
 
 def resolve_paths(args):
@@ -199,13 +188,13 @@ def check_inputs(args):
     -> (policy, rollouts, out, ref, episodes, warnings)"""
     from transformers import AutoConfig
     policy, rollouts, out, ref, ref_why = resolve_paths(args)
-    check_policy_dir(policy)
+    check_policy_folder(policy)
     if not rollouts.is_file():
         fail(f"rollouts file {rollouts} not found")
     vocab = AutoConfig.from_pretrained(policy).vocab_size
     episodes = load_episodes(rollouts, args.algo, vocab, args.min_reward)
     if uses_kl(args):
-        check_policy_dir(ref, "reference policy")
+        check_policy_folder(ref, "reference policy")
         print(f"[05] KL reference policy: {ref} ({ref_why})")
     warnings, others = [], [str(e["policy"]) for e in episodes if e["policy"] is not None
                             and (e["policy"] == "oracle" or Path(str(e["policy"])).resolve() != policy.resolve())]
@@ -244,21 +233,6 @@ def load_episodes(path, algo, vocab, min_reward=None):
     if not any(c for e in episodes for _, c, _ in e["turns"]):
         fail(f"{path}: no model turn with completion tokens (oracle rollouts need 04 --tokenizer)")
     return episodes
-
-
-@torch.no_grad()
-def check_head(model, ids, where):
-    """Refuse a model whose forward computes other logits than base_model + lm_head() below (an
-    unknown logit scaling would silently change every log-prob and ratio)."""
-    model.eval()
-    ids = torch.tensor([ids[:128]], device=model.device)  # [1, L]
-    ref = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)  # [L, V]
-    mine = torch.log_softmax(lm_head(model, model.base_model(input_ids=ids).last_hidden_state[0]), -1)  # [L, V]
-    model.train()
-    err = (ref - mine).abs().max().item()
-    if not err < 1e-3:
-        fail(f"{where}: {model.config.model_type}'s forward applies a logit transformation that 05 does not (max "
-             f"log-prob difference {err:.2g}; known: Gemma-2 soft-capping, Cohere logit_scale, Granite logits_scaling)")
 
 
 def check_finite(model, vhead, log):
@@ -304,6 +278,7 @@ class Context:
     tis_cap: float = None  # truncated-IS cap C; None: off
     same_ref: bool = False  # the KL reference is the loaded policy: pi_ref = pi_old
     variants: frozenset = frozenset()  # HARNESS_05_TEST_VARIANTS
+    chunk: int = LOGIT_CHUNK  # completion tokens per LM-head chunk (generation.trunk_and_head); 0: all at once
 
 
 def build_sequences(episodes, merge=True):
@@ -400,111 +375,13 @@ TOKEN_FIELDS = ("old_logp", "ref_logp", "old_v", "adv", "ret", "tis_w")  # per g
 
 
 def collate(seqs, pad_id, device, fields=TOKEN_FIELDS):
-    """Right-padded batch. `sel` marks the positions whose *next* token is a completion token: the
-    logits there predict y_t, so sel is the mask M_t shifted by one. `fields`: the per-token values the
-    sequences carry, concatenated in the same order as the tokens (none when only log-probs are wanted)."""
-    L = max(len(s.ids) for s in seqs)
-    inp = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
-    sel = torch.zeros((len(seqs), L), dtype=torch.bool)  # [B, L]
-    for b, s in enumerate(seqs):
-        inp[b, :len(s.ids)] = torch.tensor(s.ids)
-        sel[b, :len(s.ids) - 1] = torch.tensor(s.mask[1:], dtype=torch.bool)
-    tgt = inp[:, 1:][sel[:, :-1]]  # [N] the generated tokens y_t, row-major order
-    temp = torch.cat([torch.full((s.n,), s.temp) for s in seqs])  # [N]
-    batch = dict(inp=inp.to(device), sel=sel.to(device), tgt=tgt.to(device), temp=temp.to(device),
-                 tokens=sum(len(s.ids) for s in seqs))
+    """A micro-batch: the model's input (generation.token_batch: ids, the positions that predict the generated
+    tokens y_t, their temperatures) and the per-token values `fields` the sequences carry, in the order of y_t."""
+    batch = token_batch(seqs, pad_id, device)
     for k in fields:
         if getattr(seqs[0], k) is not None:
             batch[k] = torch.cat([getattr(s, k) for s in seqs]).to(device)  # [N]
     return batch
-
-
-def train_mode(model, grad_ckpt):
-    """Training mode with dropout off. Not model.eval(): transformers checkpoints a layer only while
-    model.training is True. nn.Dropout modules get p = 0 and float fields such as Llama's
-    attention_dropout become 0 (on the modules only: the saved config keeps its values)."""
-    model.config.use_cache = False
-    if grad_ckpt and hasattr(model, "activation_checkpointing_enable"):  # the newer transformers name
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    elif grad_ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
-            m.p = 0.0
-        for k, v in list(vars(m).items()):
-            if "dropout" in k and isinstance(v, float):
-                setattr(m, k, 0.0)
-
-
-def lm_head(model, h):
-    """fp32 logits [N, V] from hidden states [N, H], with the scalings the model's own forward applies
-    after its output embedding (this direct path would skip them)."""
-    cfg = model.config
-    # fp32 even under bf16 autocast: bf16 logits of 16-32 move in steps of 0.125 (ratio noise ~ +-0.06)
-    with torch.autocast(h.device.type, enabled=False):
-        logits = model.get_output_embeddings()(h.float())  # [N, V]
-    logits = logits * (getattr(cfg, "logit_scale", None) or 1.0)  # Cohere: z * logit_scale
-    logits = logits / (getattr(cfg, "logits_scaling", None) or 1.0)  # Granite: z / logits_scaling
-    if getattr(cfg, "final_logit_softcapping", None):  # Gemma-2/3: cap * tanh(z / cap)
-        logits = cfg.final_logit_softcapping * torch.tanh(logits / cfg.final_logit_softcapping)
-    return logits
-
-
-def head_logp(model, h, tgt, temp, entropy):
-    """One chunk of hidden states [c, H] -> (log pi(y_t | s_t) [c] at temperature, and with entropy its entropy)."""
-    logp_all = torch.log_softmax(lm_head(model, h) / temp[:, None], dim=-1)  # [c, V] fp32, at the temperature
-    logp = logp_all.gather(1, tgt[:, None]).squeeze(1)  # [c]
-    # H(pi(.|s_t)) = -sum_v p_v log p_v
-    return (logp, -(logp_all.exp() * logp_all).sum(-1)) if entropy else (logp,)  # [c], [c]
-
-
-def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
-    """Hidden states [N, H] of the positions that predict generated tokens, their log-probs [N] at temperature and
-    entropies [N] (entropy=True, for --ent-coef; else None). The LM head runs on those positions only (prompts are
-    most tokens), `chunk` tokens at a time: with gradients and several chunks each is checkpointed (its fp32
-    [chunk, V] tensors recomputed in backward), so peak memory is one chunk's, whatever the micro-batch. Row-wise
-    the same arithmetic as one [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk (the head stays fp32)."""
-    with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
-        # right padding + causal attention: real tokens never attend to the pads, so no attention mask
-        h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
-    h = h[batch["sel"]]  # [N, H]
-    n = h.shape[0]
-    chunk = chunk if chunk and chunk > 0 else max(1, n)
-    ckpt = torch.is_grad_enabled() and n > chunk
-    parts = []
-    for a in range(0, n, chunk):
-        args = (model, h[a:a + chunk], batch["tgt"][a:a + chunk], batch["temp"][a:a + chunk], entropy)
-        parts.append(torch.utils.checkpoint.checkpoint(head_logp, *args, use_reentrant=False) if ckpt
-                     else head_logp(*args))
-    ent = torch.cat([p[1] for p in parts]) if entropy else None  # [N]
-    return h, torch.cat([p[0] for p in parts]), ent  # [N, H], [N], [N]
-
-
-def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
-    """Log-probs (at temperature), entropies (or None) and values of the generated tokens only."""
-    # torchrun --fsdp: model.trunk_and_head is the function above, run through the root unit's hooks (distributed.py)
-    run = getattr(model, "trunk_and_head", None) or functools.partial(trunk_and_head, model)
-    h, logp, ent = run(batch, amp, entropy, chunk)
-    v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
-    return logp, ent, v
-
-
-def micro_batches(seqs, size=8, tokens=None):
-    """Split (length-sorted) sequences into consecutive micro-batches: `size` sequences each, or, with `tokens`
-    (--micro-batch-tokens), greedily as many as keep count x longest (the padded tokens run) <= tokens; a sequence
-    longer than the budget runs alone. The loss does not depend on the split (every part divides by N_B)."""
-    if not tokens:
-        return [seqs[i:i + size] for i in range(0, len(seqs), size)]
-    out, cur, width = [], [], 0
-    for s in seqs:
-        w = max(width, len(s.ids))
-        if cur and w * (len(cur) + 1) > tokens:
-            out.append(cur)
-            cur, w = [], len(s.ids)
-        cur.append(s)
-        width = w
-    return out + [cur] if cur else out
 
 
 @torch.no_grad()
@@ -514,7 +391,7 @@ def sequence_logprobs(u, seqs, desc="log-probs"):
     of `seqs`. Sequences run sorted by length (in file order the padding was 19-25% of the tokens, sorted ~1%)."""
     u.model.eval()
     by_length = sorted(seqs, key=lambda s: len(s.ids))
-    run = functools.partial(forward, u.model, u.vhead, amp=u.amp, chunk=u.args.logit_chunk)
+    run = functools.partial(forward, u.model, u.vhead, amp=u.amp, chunk=u.chunk)
 
     def score(mine):  # {id(sequence): (log-probs, values)} of the sequences this process scores (torchrun: its share)
         scores, parts = {}, micro_batches(mine, u.args.micro_batch_size, u.args.micro_batch_tokens)
@@ -700,7 +577,7 @@ def micro_step(u, mb, n_b, n_act, m):
     """Forward and backward of one micro-batch `mb` (its gradients add to .grad); its share of each logged term
     added to the minibatch's row m."""
     b = collate(mb, u.pad_id, u.device)
-    logp, ent, v = forward(u.model, u.vhead, b, u.amp, entropy=u.args.ent_coef > 0, chunk=u.args.logit_chunk)
+    logp, ent, v = forward(u.model, u.vhead, b, u.amp, entropy=u.args.ent_coef > 0, chunk=u.chunk)
     if u.args.algo != "sft" and "old_logp" not in b:  # the first minibatch's shortcut (old_policy_scores):
         for s, lp in zip(mb, logp.detach().split([s.n for s in mb])):  # pi_old is this forward, detached
             set_pi_old(u, s, lp.float().cpu())
@@ -770,20 +647,9 @@ def update(u, opt, epochs, trained, info, warnings):
 # -------------------------------------------------------------------------- the stage's steps, in order
 def load_policy(args, policy, device, probe_ids):
     """The policy (fp32 master weights, training mode without dropout), its tokenizer, the pad id and, for PPO, the
-    value head V(s_t) = w . h_t + b on the last hidden state (zeros at first, or the one saved beside the policy).
+    value head V(s_t) = w . h_t + b (generation.load_for_training); refused where its logits are not 05's (check_head).
     -> (tok, model, vhead or None, pad_id)"""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(policy)
-    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)  # on the CPU until placed below
-    train_mode(model, grad_ckpt=device == "cuda")
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    vhead = None
-    if args.algo == "ppo":
-        vhead = torch.nn.Linear(model.config.hidden_size, 1).to(device)
-        torch.nn.init.zeros_(vhead.weight)
-        torch.nn.init.zeros_(vhead.bias)
-        if (policy / "value_head.pt").is_file():
-            vhead.load_state_dict(torch.load(policy / "value_head.pt", map_location=device))
+    tok, model, vhead, pad_id = load_for_training(policy, device, value_head=args.algo == "ppo")
     check_head(model, probe_ids, policy)
     # on the device (torchrun --fsdp: sharded over the ranks, per decoder layer + root, the value head its own root)
     model, vhead = dist.placed(model, vhead, device, trunk_and_head)
@@ -826,50 +692,20 @@ def make_optimizer(args, model, vhead, policy, info):
     opt = torch.optim.AdamW(param_groups, lr=args.lr, weight_decay=args.weight_decay)
     shapes = [[list(p.shape) for p in g["params"]] for g in param_groups]
     info["optimizer_state"] = ("fresh AdamW state (--no-optimizer-state)" if args.no_optimizer_state else
-                               load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes))
+                               load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes, dist.my_shards))
     print(f"[05] optimizer: {info['optimizer_state']}")
     return opt, shapes
 
 
-def load_optimizer(opt, path, algo, shapes):
-    """Carry AdamW's moments across updates: a fresh AdamW makes each first step ~lr * sign(g)."""
-    if not path.is_file():
-        return f"fresh AdamW state ({path} not found)"
-    saved = torch.load(path, map_location="cpu")
-    if saved.get("algo") != algo or saved.get("shapes") != shapes:  # e.g. SFT -> RL, GRPO -> PPO (value head)
-        return f"fresh AdamW state ({path} was saved by --algo {saved.get('algo')}, other parameter groups)"
-    hyper = [(g["lr"], g["weight_decay"]) for g in opt.param_groups]
-    # moved to each parameter's device (torchrun --fsdp: each rank keeps its shard); this run's lr replaces the saved
-    opt.load_state_dict(dist.my_shards(saved["state"], opt))
-    for g, (lr, wd) in zip(opt.param_groups, hyper):
-        g["lr"], g["weight_decay"] = lr, wd
-    steps = int(next(iter(opt.state.values()))["step"]) if opt.state else 0  # 0: saved by an update with no step
-    return f"AdamW state loaded from {path} ({steps} steps so far)"
-
-
 def save(args, model, vhead, tok, opt, shapes, log, config):
-    """Checkpoint to <out>.tmp, the log and the config beside it, then <out>.tmp -> <out> last: its presence means
-    the stage finished. -> False on torchrun's ranks > 0, which write nothing."""
-    out = Path(config["out"])
+    """The checkpoint (generation.save_checkpoint), train_log.jsonl and the config beside it, <out> itself last: its
+    presence means the stage finished. -> False on torchrun's ranks > 0, which write nothing."""
     # {model: None (its own state dict), vhead, opt}; torchrun --fsdp: the full ones, gathered on rank 0
     full = dist.full_state(model, vhead, opt, not args.no_optimizer_state)
     if not dist.writes():  # torchrun: rank 0 alone writes
         return False
-    tmp = Path(str(out) + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    model.config.use_cache = True
-    model.save_pretrained(tmp, state_dict=full["model"])  # a plain causal LM (fp32 master weights)
-    tok.save_pretrained(tmp)
-    if vhead is not None:
-        torch.save(full["vhead"], tmp / "value_head.pt")
-    if not args.no_optimizer_state:  # AdamW moments: 2x the fp32 weights on disk
-        torch.save(dict(algo=args.algo, shapes=shapes, state=full["opt"]), tmp / "optimizer.pt")
-    write_atomic(out.parent / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in log))
-    write_atomic(out.parent / "05_train_config.json", json.dumps(config, indent=2, default=str))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    save_checkpoint(config["out"], model, tok, full, args.algo, shapes, beside={
+        "train_log.jsonl": jsonl_text(log), "05_train_config.json": json.dumps(config, indent=2, default=str)})
     dist.finish()
     return True
 
@@ -894,17 +730,13 @@ def run_stage(args):
     seed_everything(args.seed)
     shuffle_gen = torch.Generator().manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    # GPU: gradient checkpointing, and bf16 autocast (fp32 LM head) where the GPU has bf16; fp32 on T4/V100 and, by
-    # default, on the CPU (--amp bf16 turns it on there). fp16 would need loss scaling, which 05 does not implement.
-    amp = (device == "cuda" and torch.cuda.is_bf16_supported()) if args.amp == "auto" else args.amp == "bf16"
-    if amp and device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        print("[05] warning: --amp bf16 on a CPU without native bf16 (AVX512-BF16 / AMX): emulated, slower than fp32")
+    amp = bf16_autocast(args.amp, device)  # of the trunk (the LM head stays fp32); GPU: gradient checkpointing too
     # ---- load the policy; the sequences
     probe = next(p + c for e in episodes for p, c, _ in e["turns"] if c)
     tok, model, vhead, pad_id = load_policy(args, policy, device, probe)
     seqs = build_sequences(episodes, merge="no-merge-turns" not in variants)
     u = Context(args, model, vhead, pad_id, device, amp, tis_cap=tis_cap_for(args, episodes),
-                same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), variants=variants)
+                same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), variants=variants, chunk=LOGIT_CHUNK)
     # ---- advantages, minibatches, pi_old
     t0 = time.time()
     epochs, trained, info = prepare_batch(u, episodes, seqs, ref, shuffle_gen)

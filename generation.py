@@ -1,8 +1,9 @@
-"""Generation backends of stage 04: a policy checkpoint turns a batch of prompts into completions.
+"""The policy model's plumbing, in three parts: generation (04, the bridges), function calling (the black-box
+bridges), the policy in training (05). The stages own their algorithms; this file owns what touches the model.
 
-04_rollout.py owns the episodes; this file owns only "token ids in, token ids out" (the smolagents bridge uses
-the same backends, made by 04, and this file's encode / extend_prompt). Both backends keep one contract, so 04 never
-knows which one runs:
+Generation: a policy checkpoint turns a batch of prompts into completions. 04_rollout.py owns the episodes; this
+part owns only "token ids in, token ids out" (the smolagents bridge uses the same backends, made by 04, and
+encode / extend_prompt). Both backends keep one contract, so 04 never knows which one runs:
 
     backend = HFBackend(path, tok, args) or VLLMBackend(path, tok, args)
     backend.generate([prompt_ids, ...], turn) -> [(completion_ids, logprobs or None), ...]   # prompt order
@@ -21,17 +22,24 @@ only appended (None otherwise: re-render with encode).
 
 `args` fields read: temperature, max_new_tokens, seed; dtype (auto|bfloat16|float16|float32); vLLM only:
 enforce_eager (None = on for CPU), max_model_len, gpu_memory_utilization (GPU), tensor_parallel_size.
+
+The policy in training (05): check_policy_folder, bf16_autocast, load_for_training (fp32, dropout off, PPO's value
+head), check_head, forward (the log-probs of the generated tokens through a chunked LM head, values, entropies),
+token_batch and micro_batches, load_optimizer / save_checkpoint (the folder 05 writes and the next update reads).
 """
+import functools
 import hashlib
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
-from plumbing import safe_text
+from plumbing import fail, safe_text, write_atomic
 
 
+# ----------------------------------------------------------------------------- generation (04)
 class BackendError(Exception):
     """Bad input to a backend (a missing folder, a tokenizer without a stop token, vllm not installed): the caller
     reports it (04: `error: ...` with exit status 2, nothing written)."""
@@ -371,3 +379,216 @@ def sampled_reply(backend, tok, prompt_ids, turn):
 def scripted_reply(text, tok):
     """A scripted reply (the oracle) as token ids like 04's oracle: the text's ids + the reply-end token."""
     return text, (tok.encode(text, add_special_tokens=False) + tok.stop_ids[:1] if tok is not None else None), None
+
+
+# ----------------------------------------------------------------------------- the policy in training (05)
+# 05's model plumbing: a checkpoint loaded to train, the log-probs of chosen tokens (a chunked LM head), micro-
+# batches, the checkpoint written back. What is RL (the sequences, advantages, pi_old, the objective, the update
+# loop) stays in 05. torch is imported inside each function: 04 without a tokenizer never loads it.
+LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk: an fp32 [1024, 151,936] tensor is 0.6 GB
+
+
+def check_policy_folder(path, what="policy"):
+    if not (Path(path) / "config.json").is_file():
+        fail(f"{what} folder {path} not found (expected a save_pretrained folder with config.json)")
+
+
+def bf16_autocast(amp, device):
+    """Whether the trunk runs under bf16 autocast (the LM head stays fp32), from 05's --amp: auto = on a GPU with
+    bf16, fp32 on T4 / V100 (fp16 would need loss scaling, which 05 does not implement) and on the CPU; bf16 = on,
+    also on a CPU (emulated there, slower than fp32, without AVX512-BF16 / AMX: then a warning); off = never."""
+    import torch
+    on = (device == "cuda" and torch.cuda.is_bf16_supported()) if amp == "auto" else amp == "bf16"
+    if on and device == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        print("[05] warning: --amp bf16 on a CPU without native bf16 (AVX512-BF16 / AMX): emulated, slower than fp32")
+    return on
+
+
+def load_for_training(path, device, value_head=False):
+    """A policy checkpoint to train: its tokenizer, the model (fp32 master weights, on the CPU until 05 places it,
+    training mode without dropout, gradient checkpointing on a GPU), the pad id and, with value_head (PPO), the
+    value head V(s_t) = w . h_t + b on the last hidden state: zeros at first, or value_head.pt saved beside it.
+    -> (tok, model, vhead or None, pad_id)"""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    train_mode(model, grad_ckpt=device == "cuda")
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    vhead = None
+    if value_head:
+        vhead = torch.nn.Linear(model.config.hidden_size, 1).to(device)
+        torch.nn.init.zeros_(vhead.weight)
+        torch.nn.init.zeros_(vhead.bias)
+        if (Path(path) / "value_head.pt").is_file():
+            vhead.load_state_dict(torch.load(Path(path) / "value_head.pt", map_location=device))
+    return tok, model, vhead, pad_id
+
+
+def train_mode(model, grad_ckpt):
+    """Training mode with dropout off. Not model.eval(): transformers checkpoints a layer only while
+    model.training is True. nn.Dropout modules get p = 0 and float fields such as Llama's
+    attention_dropout become 0 (on the modules only: the saved config keeps its values)."""
+    import torch
+    model.config.use_cache = False
+    if grad_ckpt and hasattr(model, "activation_checkpointing_enable"):  # the newer transformers name
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    elif grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        for k, v in list(vars(m).items()):
+            if "dropout" in k and isinstance(v, float):
+                setattr(m, k, 0.0)
+
+
+def check_head(model, ids, where):
+    """Refuse a model whose forward computes other logits than base_model + lm_head() below (an
+    unknown logit scaling would silently change every log-prob and ratio)."""
+    import torch
+    model.eval()
+    with torch.no_grad():
+        ids = torch.tensor([ids[:128]], device=model.device)  # [1, L]
+        ref = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)  # [L, V]
+        mine = torch.log_softmax(lm_head(model, model.base_model(input_ids=ids).last_hidden_state[0]), -1)  # [L, V]
+    model.train()
+    err = (ref - mine).abs().max().item()
+    if not err < 1e-3:
+        fail(f"{where}: {model.config.model_type}'s forward applies a logit transformation that 05 does not (max "
+             f"log-prob difference {err:.2g}; known: Gemma-2 soft-capping, Cohere logit_scale, Granite logits_scaling)")
+
+
+def token_batch(seqs, pad_id, device):
+    """Right-padded input ids [B, L] of sequences (05's Sequence: ids, mask M_t, n = sum(mask), temp). `sel` marks
+    the positions whose *next* token is a generated one: the logits there predict y_t, so sel is the mask M_t
+    shifted by one. tgt: those tokens y_t [N], row-major; temp: each one's sampling temperature [N]."""
+    import torch
+    L = max(len(s.ids) for s in seqs)
+    inp = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
+    sel = torch.zeros((len(seqs), L), dtype=torch.bool)  # [B, L]
+    for b, s in enumerate(seqs):
+        inp[b, :len(s.ids)] = torch.tensor(s.ids)
+        sel[b, :len(s.ids) - 1] = torch.tensor(s.mask[1:], dtype=torch.bool)
+    tgt = inp[:, 1:][sel[:, :-1]]  # [N] the generated tokens y_t, row-major order
+    temp = torch.cat([torch.full((s.n,), s.temp) for s in seqs])  # [N]
+    return dict(inp=inp.to(device), sel=sel.to(device), tgt=tgt.to(device), temp=temp.to(device),
+                tokens=sum(len(s.ids) for s in seqs))
+
+
+def lm_head(model, h):
+    """fp32 logits [N, V] from hidden states [N, H], with the scalings the model's own forward applies
+    after its output embedding (this direct path would skip them)."""
+    import torch
+    cfg = model.config
+    # fp32 even under bf16 autocast: bf16 logits of 16-32 move in steps of 0.125 (ratio noise ~ +-0.06)
+    with torch.autocast(h.device.type, enabled=False):
+        logits = model.get_output_embeddings()(h.float())  # [N, V]
+    logits = logits * (getattr(cfg, "logit_scale", None) or 1.0)  # Cohere: z * logit_scale
+    logits = logits / (getattr(cfg, "logits_scaling", None) or 1.0)  # Granite: z / logits_scaling
+    if getattr(cfg, "final_logit_softcapping", None):  # Gemma-2/3: cap * tanh(z / cap)
+        logits = cfg.final_logit_softcapping * torch.tanh(logits / cfg.final_logit_softcapping)
+    return logits
+
+
+def head_logp(model, h, tgt, temp, entropy):
+    """One chunk of hidden states [c, H] -> (log pi(y_t | s_t) [c] at temperature, and with entropy its entropy)."""
+    import torch
+    logp_all = torch.log_softmax(lm_head(model, h) / temp[:, None], dim=-1)  # [c, V] fp32, at the temperature
+    logp = logp_all.gather(1, tgt[:, None]).squeeze(1)  # [c]
+    # H(pi(.|s_t)) = -sum_v p_v log p_v
+    return (logp, -(logp_all.exp() * logp_all).sum(-1)) if entropy else (logp,)  # [c], [c]
+
+
+def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
+    """Hidden states [N, H] of the positions that predict generated tokens, their log-probs [N] at temperature and
+    entropies [N] (entropy=True, for --ent-coef; else None). The LM head runs on those positions only (prompts are
+    most tokens), `chunk` tokens at a time: with gradients and several chunks each is checkpointed (its fp32
+    [chunk, V] tensors recomputed in backward), so peak memory is one chunk's, whatever the micro-batch. Row-wise
+    the same arithmetic as one [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk (the head stays fp32)."""
+    import torch
+    with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
+        # right padding + causal attention: real tokens never attend to the pads, so no attention mask
+        h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
+    h = h[batch["sel"]]  # [N, H]
+    n = h.shape[0]
+    chunk = chunk if chunk and chunk > 0 else max(1, n)
+    ckpt = torch.is_grad_enabled() and n > chunk
+    parts = []
+    for a in range(0, n, chunk):
+        args = (model, h[a:a + chunk], batch["tgt"][a:a + chunk], batch["temp"][a:a + chunk], entropy)
+        parts.append(torch.utils.checkpoint.checkpoint(head_logp, *args, use_reentrant=False) if ckpt
+                     else head_logp(*args))
+    ent = torch.cat([p[1] for p in parts]) if entropy else None  # [N]
+    return h, torch.cat([p[0] for p in parts]), ent  # [N, H], [N], [N]
+
+
+def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
+    """Log-probs (at temperature), entropies (or None) and values of the generated tokens only."""
+    # torchrun --fsdp: model.trunk_and_head is the function above, run through the root unit's hooks (distributed.py)
+    run = getattr(model, "trunk_and_head", None) or functools.partial(trunk_and_head, model)
+    h, logp, ent = run(batch, amp, entropy, chunk)
+    v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
+    return logp, ent, v
+
+
+def micro_batches(seqs, size=8, tokens=None):
+    """Split (length-sorted) sequences into consecutive micro-batches: `size` sequences each, or, with `tokens`
+    (--micro-batch-tokens), greedily as many as keep count x longest (the padded tokens run) <= tokens; a sequence
+    longer than the budget runs alone. The loss does not depend on the split (every part divides by N_B)."""
+    if not tokens:
+        return [seqs[i:i + size] for i in range(0, len(seqs), size)]
+    out, cur, width = [], [], 0
+    for s in seqs:
+        w = max(width, len(s.ids))
+        if cur and w * (len(cur) + 1) > tokens:
+            out.append(cur)
+            cur, w = [], len(s.ids)
+        cur.append(s)
+        width = w
+    return out + [cur] if cur else out
+
+
+def load_optimizer(opt, path, algo, shapes, shards=lambda state, opt: state):
+    """AdamW's moments from optimizer.pt (save_checkpoint's), where the same --algo with the same parameter groups
+    (shapes) saved them: a fresh AdamW makes each first step ~lr * sign(g). This run's lr and weight decay stay.
+    shards(state, opt): the state each parameter's device keeps (torchrun --fsdp: each rank its shard).
+    -> what happened, in words (05 logs it)"""
+    import torch
+    if not path.is_file():
+        return f"fresh AdamW state ({path} not found)"
+    saved = torch.load(path, map_location="cpu")
+    if saved.get("algo") != algo or saved.get("shapes") != shapes:  # e.g. SFT -> RL, GRPO -> PPO (value head)
+        return f"fresh AdamW state ({path} was saved by --algo {saved.get('algo')}, other parameter groups)"
+    hyper = [(g["lr"], g["weight_decay"]) for g in opt.param_groups]
+    opt.load_state_dict(shards(saved["state"], opt))
+    for g, (lr, wd) in zip(opt.param_groups, hyper):
+        g["lr"], g["weight_decay"] = lr, wd
+    steps = int(next(iter(opt.state.values()))["step"]) if opt.state else 0  # 0: saved by an update with no step
+    return f"AdamW state loaded from {path} ({steps} steps so far)"
+
+
+def save_checkpoint(out, model, tok, full, algo, shapes, beside):
+    """<out>/ as the next update loads it: the model (save_pretrained, a plain causal LM in fp32), its tokenizer,
+    value_head.pt (PPO) and optimizer.pt (AdamW's moments, 2x the fp32 weights, with the algo and parameter shapes
+    load_optimizer checks). full: {model: its state dict (None: the model's own), vhead, opt: each None if absent}.
+    Written to <out>.tmp, then the files `beside` it ({name: text}), then <out>.tmp -> <out> last: its presence
+    means the whole stage finished."""
+    import torch
+    out = Path(out)
+    tmp = Path(str(out) + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model.config.use_cache = True
+    model.save_pretrained(tmp, state_dict=full["model"])
+    tok.save_pretrained(tmp)
+    if full["vhead"] is not None:
+        torch.save(full["vhead"], tmp / "value_head.pt")
+    if full["opt"] is not None:
+        torch.save(dict(algo=algo, shapes=shapes, state=full["opt"]), tmp / "optimizer.pt")
+    for name, text in beside.items():
+        write_atomic(out.parent / name, text)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)

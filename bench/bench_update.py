@@ -173,7 +173,8 @@ def main(argv=None):
     p.add_argument("--json", help="write the result here")
     p.add_argument("--after-flags", help="also time this checkout with these extra 05 flags (e.g. '--amp bf16')")
     p.add_argument("--memory", action="store_true", help="only the gpu preset's memory from the shapes")
-    p.add_argument("--logit-chunk", type=int, default=1024)
+    p.add_argument("--logit-chunk", type=int, default=1024, help="--memory: the LM-head chunk to estimate (05 runs "
+                   "generation.LOGIT_CHUNK, 1024)")
     p.add_argument("--micro-batch-tokens", type=int)
     args = p.parse_args(argv)
     if args.memory:

@@ -277,6 +277,19 @@ def test_epochs_drive_every_algorithm_and_the_old_flag_name_still_works(tiny, tm
         assert [r["epoch"] for r in rows] == list(range(n))
 
 
+def test_at_most_25_flags_and_the_lm_head_chunk_is_a_constant(capsys):
+    """05's --help lists at most 25 flags (issue 29). The LM-head chunk changes no result (test_05_cost), so it is
+    generation.LOGIT_CHUNK, a constant a test sets through Context.chunk, not a flag."""
+    import re
+    with pytest.raises(SystemExit):
+        T05.parse_args(["--help"])
+    flags = re.findall(r"^  (--[a-z-]+)", capsys.readouterr().out, re.M)  # first name of each option
+    assert "--algo" in flags and "--fsdp" in flags and len(flags) - 1 <= 25  # - 1: --help
+    with pytest.raises(SystemExit):
+        T05.parse_args(["--logit-chunk", "4"])
+    assert T05.Context(T05.parse_args([]), None, None, 0, "cpu", False).chunk == T05.LOGIT_CHUNK == 1024
+
+
 def write_run(tmp_path, tiny, recs):
     import shutil
     run = tmp_path / "run"
