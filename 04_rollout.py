@@ -1,4 +1,4 @@
-"""Stage 04: the workspace environment, the harness interpreter, and multi-turn rollouts.
+"""Stage 04: the harness interpreter and multi-turn rollouts, over the task environment of environment.py.
 
     # train mode: tasks of iteration t from DIR/assignment.jsonl, x's i-th visit under H_x[i mod K], G samples each
     python 04_rollout.py --run runs/toy --iteration 0 --group-size 4 --tasks-per-iteration 32
@@ -9,24 +9,15 @@
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external \
         --harness-file data/example_harness.json --out /tmp/oracle_external.jsonl
     # real agent frameworks as black boxes (docs/blackbox.md): smolagents' text mode, smolagents' and pydantic-ai's
-    # agents with the model's own function calling
+    # agents with the model's own function calling; pydantic-ai also in train mode (black-box RL, no assignment)
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses smolagents --out /tmp/smol.jsonl
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses pydantic-ai --out /tmp/pydantic.jsonl
+    python 04_rollout.py --run runs/bb --iteration 0 --harnesses pydantic-ai --group-size 4 --tasks-per-iteration 32
 
-Harness records, tasks and the rollout format: docs/stages.md. S.template and W.rules may use {tool_docs},
-{workflow_rules}, {max_turns}, {submit}. Out-of-space extras (X-shell, X-react: data/external_harnesses.json):
-S.placement "user" (no system message; S.task_prefix before the request), T.syntax "shell" (```sh block, T.tools
-names the commands) or "react" (`Action:` + `Action Input: {json}`, or T.final_answer (default `Final Answer:`)
-= submit), W.reply_marker (every reply needs a line starting with it).
-
-Episode rules: one observation per reply (outputs cut at O.max_chars, errors via O.error_template with {tool} the
-shown name, "parser" or "workflow"; W's budget reminder last). Parse error (one counted per reply): no call, a
-malformed call, calls past T.max_calls_per_turn. Tool error: unknown tool, bad argument, an exception in a tool.
-Workflow violation (nothing run): a W1 first reply without plan_prefix, no reply_marker line, a submit without a
-verify_marker line. Per episode: workflow_checks = W rules checked (a violation is a failed check), error_turns /
-valid_call_turns = the 1-based turns with any error above / with a call that ran without error. Finish:
-"submitted", "turn_budget" or "context_limit" (prompt > positions - max new tokens); reward = the checker on the
-final workspace and answer, pass/fail (1 when every check passes, else 0; `checks` lists each check's 0/1). Writes DIR/iter_{t:03d}/rollouts.jsonl or --out + config.
+An episode: S's prompt with T's tool docs and W's rules; each reply is parsed in T's call syntax, its calls run in
+the task's workspace, their outputs come back as O's observation in C's view of the history, W's rules are checked;
+it ends submitted, at the turn budget or at the context limit, and the checker's pass/fail is its reward. The rules
+in full, the harness fields and the record: docs/stages.md. Writes DIR/iter_{t:03d}/rollouts.jsonl or --out + config.
 """
 import argparse
 import ast
@@ -42,13 +33,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from environment import ToolError, Workspace, argument, check_results, clip, score
-from generation import BackendError, HFBackend, VLLMBackend, encode, extend_prompt, load_tokenizer, max_positions
-from plumbing import fail, jsonl_text, locked, read_jsonl, safe_text, seed_everything, write_atomic
+from environment import ToolError, Workspace, argument, check_results, clip, safe, score
+from generation import (BackendError, HFBackend, VLLMBackend, encode, extend_prompt, load_tokenizer, max_positions,
+                        scripted_reply)
+from plumbing import fail, jsonl_text, locked, read_jsonl, seed_everything, write_atomic
 from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, load_assignment, load_harness_file, load_tasks
 from schemas import SYNTAXES, validate_harness  # noqa: F401 (SYNTAXES: the T.syntax names PARSERS interprets)
 
 HERE = Path(__file__).resolve().parent  # data/ beside this file: the default tasks, the external harnesses
+EXTERNAL = HERE / "data" / "external_harnesses.json"  # X-shell and X-react: --harnesses external
 TOOL_HELP = {"list_files": "list all files", "read_file": "show a file", "search": "show lines that contain it",
              "write_file": "replace a file's text", "calculator": "do arithmetic", "submit": "give the final answer"}
 MAX_REPLY = 8000  # characters of a reply the parsers read
@@ -74,7 +67,7 @@ def parse_args(argv=None):
     train.add_argument("--tasks-per-iteration", type=int, default=32, help="tasks per iteration B (0 = all)")
     evaluation.add_argument("--harnesses", default=None,
                             help="base|train|heldout|heldout:N|all|external|id,id,... (ids + external); a framework: "
-                                 "smolagents|smolagents-native|pydantic-ai")
+                                 "smolagents|smolagents-native|pydantic-ai (train mode: pydantic-ai alone)")
     evaluation.add_argument("--harness-file", action="append", default=[],
                             help="extra harness JSON/JSONL (repeatable): your own out-of-space harnesses")
     evaluation.add_argument("--samples", type=int, default=1, help="samples per (task, harness)")
@@ -88,8 +81,7 @@ def parse_args(argv=None):
     engine.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                         help="vllm: no compilation / CUDA graphs (default: on for CPU: start-up 20 s, not 2 min)")
     engine.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default: the model's)")
-    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                        help="vllm: share of GPU memory it may use")
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it may use")
     engine.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="vllm: GPUs that one engine splits the model over (a model larger than one GPU)")
     what.add_argument("--shard", default=None, metavar="I/N",
@@ -101,18 +93,6 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------- helpers
-def safe(x):
-    """Model text is data (plumbing.safe_text: a lone surrogate becomes U+FFFD) on every string of a reply, a parsed
-    call (names, keys, values) or a tool result: it is stored, rendered and written safely."""
-    if isinstance(x, str):
-        return safe_text(x)
-    if isinstance(x, (list, tuple)):
-        return type(x)(safe(v) for v in x)
-    if isinstance(x, dict):
-        return {safe(k): safe(v) for k, v in x.items()}
-    return x
-
-
 def fill(template, **values):
     """Replace {name} placeholders in one pass (text put in is never re-read, so braces in it are safe)."""
     return re.sub(r"\{(\w+)\}", lambda m: str(values[m[1]]) if m[1] in values else m[0], template)
@@ -136,9 +116,6 @@ def harness_pool(run, names, pool=()):
         if (Path(run) / name).is_file():
             pool.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
     return pool
-
-
-EXTERNAL = HERE / "data" / "external_harnesses.json"  # X-shell and X-react: --harnesses external
 
 
 # ============================================================================= the algorithm
@@ -408,7 +385,7 @@ class Episode:
     def step(self, reply):
         """Apply one model reply: W's rules on the reply, else parse and run its calls; keep the books; observe."""
         self.turns += 1
-        reply = safe_text(reply)  # model text is data (see safe): stored, rendered and written safely
+        reply = safe(reply)  # model text is data (environment.safe): stored, rendered and written safely
         self.messages.append({"role": "assistant", "content": reply})
         errors_before = self.tool_errors + self.workflow_violations
         violation = self.workflow_violation(reply)
@@ -477,7 +454,7 @@ class Episode:
                 if not has_line(reply, verify):
                     return None, self.violation(f"{name} refused: the reply that calls it needs a line starting "
                                                 f"with '{verify}'")
-            return tool, safe_text(self.ws.call(tool, args))
+            return tool, safe(self.ws.call(tool, args))
         except Exception as e:  # a ToolError, or anything unexpected inside a tool: an observation, not a crash
             self.tool_errors += 1
             return None, format_error(self.O, name, str(e) if isinstance(e, ToolError) else
@@ -546,16 +523,14 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
         shown = [e.prompt(tok) for e in live] if tok is not None else [(None, None)] * len(live)
         contexts, prompts = [c for c, _ in shown], [p for _, p in shown]
         if positions:  # the prompt and the reply must fit in the model's positions
-            over = [e for e, p in zip(live, prompts) if len(p) > positions - max_new_tokens]
-            for e in over:
-                e.finish("context_limit")
-            contexts = [c for e, c in zip(live, contexts) if not e.done]
-            prompts = [p for e, p in zip(live, prompts) if not e.done]
-            live = [e for e in live if not e.done]
+            for e, p in zip(live, prompts):
+                if len(p) > positions - max_new_tokens:
+                    e.finish("context_limit")
+            fits = [not e.done for e in live]
+            live, contexts, prompts = ([x for x, ok in zip(xs, fits) if ok] for xs in (live, contexts, prompts))
         if backend is None:  # oracle
             texts = [oracle_reply(e) for e in live]
-            outs = [(tok.encode(t, add_special_tokens=False) + tok.stop_ids[:1], None) if tok is not None else None
-                    for t in texts]
+            outs = [scripted_reply(t, tok)[1:] if tok is not None else None for t in texts]  # (ids + stop, None)
         else:
             # an episode's sampling randomness is keyed by its episode_id alone (generation.py: episode_seed), so
             # it draws the same tokens in one process or in any shard (--shard I/N); unnamed episodes: batch RNG
@@ -566,7 +541,7 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
         for e, c, p, out, text in zip(live, contexts, prompts, outs, texts):
             if out is not None:
                 e.model_turns.append({"prompt_ids": p, "completion_ids": out[0], "logprobs": out[1]})
-                e.last = (c, p, out[0], safe_text(text))  # the reply as the transcript will hold it
+                e.last = (c, p, out[0], safe(text))  # the reply as the transcript will hold it
             e.step(text)
         bar.update(sum(e.done for e in episodes) - bar.n)
     bar.close()
@@ -601,10 +576,11 @@ def batch_harnesses(assignment, t, size, order_seed):
             for tid, i in batch_visits(list(assignment), t, size, order_seed)]
 
 
-def train_meta(t, tid, hid, visit, s):
-    """A train-mode record's first fields; the group (task, harness, iteration) is GRPO's."""
-    return {"episode_id": f"it{t:03d}-{tid}-{hid}-s{s}", "iteration": t, "visit": visit,
-            "group_id": f"{tid}|{hid}|it{t:03d}", "sample_index": s}
+def episode_meta(tid, hid, s, t=None, visit=None):
+    """A record's first fields: train mode's iteration t and visit, or eval mode's (t None); group_id: GRPO's."""
+    tag = "eval" if t is None else f"it{t:03d}"
+    return {"episode_id": f"{tag}-{tid}-{hid}-s{s}", "iteration": t, "visit": visit, "group_id": f"{tid}|{hid}|{tag}",
+            "sample_index": s}
 
 
 def train_jobs(args, tasks_by_id, tasks_path):
@@ -614,7 +590,7 @@ def train_jobs(args, tasks_by_id, tasks_path):
     if not known:
         fail(f"{run / 'train_harnesses.jsonl'}: harness file not found (run stages 01-02 first)")
     assignment = load_assignment(run / "assignment.jsonl", tasks_by_id, known, tasks_path)
-    return [(tasks_by_id[tid], known[hid], train_meta(t, tid, hid, visit, s))
+    return [(tasks_by_id[tid], known[hid], episode_meta(tid, hid, s, t, visit))
             for tid, hid, visit in batch_harnesses(assignment, t, args.tasks_per_iteration, args.order_seed)
             for s in range(args.group_size)]
 
@@ -650,16 +626,12 @@ def eval_jobs(args, tasks):
     harnesses = select_harnesses(args)
     if not harnesses:
         fail(f"--harnesses {args.harnesses}: no harness selected")
-    return [(task, h, {"episode_id": f"eval-{task['task_id']}-{h['harness_id']}-s{s}", "iteration": None,
-                       "visit": None, "group_id": f"{task['task_id']}|{h['harness_id']}|eval", "sample_index": s})
-            for h in harnesses for task in tasks for s in range(args.samples)]
+    return [(task, h, episode_meta(task["task_id"], h["harness_id"], s)) for h in harnesses for task in tasks
+            for s in range(args.samples)]
 
 
-# The black boxes: real agent frameworks, each behind a bridge file over the same environment (environment.py).
-# --harnesses NAME -> (module, its episode function). smolagents: its text `Action:` mode (a call syntax of its own);
-# smolagents-native: its ToolCallingAgent with the model's own function calling (the Claude-Code role: only
-# evaluated in); pydantic-ai: its Agent with the model's own function calling (the OpenClaw role: the black-box
-# baselines train in it, so it alone runs in train mode too). docs/blackbox.md.
+# The black boxes (docs/blackbox.md): real agent frameworks, each behind a bridge over environment.py. --harnesses NAME
+# -> (module, its episode function). pydantic-ai (the OpenClaw role) is the one the black-box baselines train in.
 BLACKBOXES = {"smolagents": ("smolagents_harness", "run_smolagents_episodes"),
               "smolagents-native": ("smolagents_native_harness", "run_native_episodes"),
               "pydantic-ai": ("pydantic_ai_harness", "run_pydantic_ai_episodes")}
@@ -681,7 +653,7 @@ def run_blackbox(args, tasks, policy, backend, tok, positions):
         t, hid, by_id = args.iteration, bridge.HARNESS_ID, {task["task_id"]: task for task in tasks}
         visits = dict(batch_visits(list(by_id), t, args.tasks_per_iteration, args.order_seed))
         tasks, samples = [by_id[tid] for tid in visits], args.group_size
-        meta = lambda task, s: train_meta(t, task["task_id"], hid, visits[task["task_id"]], s)  # noqa: E731
+        meta = lambda task, s: episode_meta(task["task_id"], hid, s, t, visits[task["task_id"]])  # noqa: E731
     try:
         return getattr(bridge, run)(tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
                                     args.temperature, samples, positions=positions, meta=meta)

@@ -15,6 +15,8 @@ import math
 import operator
 import re
 
+from plumbing import safe_text
+
 MAX_ARG = 2000  # characters a tool argument may hold
 MAX_FILE, MAX_FILES, MAX_PATH = 4000, 64, 64  # characters of a file, files in a workspace, characters of a path
 MAX_ERR = 200  # characters of an error message (clip)
@@ -27,6 +29,18 @@ class ToolError(Exception):
 def clip(s, n=MAX_ERR):
     s = str(s)
     return s if len(s) <= n else s[:n] + "..."
+
+
+def safe(x):
+    """Model text is data (plumbing.safe_text: a lone surrogate becomes U+FFFD) on every string of a reply, a parsed
+    call (names, keys, values) or a tool result: it is stored, rendered and written safely. Not text: unchanged."""
+    if isinstance(x, str):
+        return safe_text(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(safe(v) for v in x)
+    if isinstance(x, dict):
+        return {safe(k): safe(v) for k, v in x.items()}
+    return x
 
 
 def argument(name, value):

@@ -39,9 +39,9 @@ from pydantic_ai.models.function import FunctionModel
 
 from generation import (ToolTemplate, encode, extend_prompt, hermes_messages, parse_tool_calls, render,
                         safe_json, sampled_reply, scripted_reply, tool_call_text)
-from environment import check_results, score
+from environment import check_results, safe, score
 from smolagents_harness import BridgeError  # noqa: F401  (04 uses it through this module)
-from smolagents_harness import (Calculator, ContextLimit, EpisodeBackend, ListFiles, ReadFile, Search, WriteFile, safe,
+from smolagents_harness import (Calculator, ContextLimit, EpisodeBackend, ListFiles, ReadFile, Search, WriteFile,
                                 run_bridge_episodes, workspace_call)
 
 HARNESS_ID = "X-pydantic-ai"

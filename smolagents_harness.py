@@ -45,7 +45,7 @@ from smolagents.memory import ActionStep
 from smolagents.models import get_clean_message_list, tool_role_conversions
 from tqdm import tqdm
 
-from environment import Workspace, argument, check_results, score
+from environment import Workspace, argument, check_results, safe, score
 from generation import encode, extend_prompt
 
 HARNESS_ID = "X-smolagents"
@@ -60,18 +60,6 @@ class BridgeError(Exception):
 def harness_title():
     """The name of this harness in tables: the framework and its installed version."""
     return FRAMEWORK
-
-
-def safe(x):
-    """Model text is data (04's rule): a lone UTF-16 surrogate becomes U+FFFD, a pair its character; not a string:
-    unchanged."""
-    if not isinstance(x, str):
-        return x
-    try:
-        x.encode("utf-8")
-        return x
-    except UnicodeEncodeError:
-        return x.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 # ----------------------------------------------------------------------------- the workspace tools
@@ -174,8 +162,8 @@ class ContextLimit(Exception):
 
 def plain_messages(messages):
     """smolagents' messages -> [{"role", "content"}] strings, by smolagents' own conversion for text models:
-    tool-call -> assistant, tool-response -> user, consecutive messages of one role joined by a newline.
-    Model text is data: a lone surrogate a model typed (a tool name smolagents echoes) becomes U+FFFD (04's safe)."""
+    tool-call -> assistant, tool-response -> user, consecutive messages of one role joined by a newline. Model
+    text is data: a lone surrogate a model typed (a tool name smolagents echoes) becomes U+FFFD (environment.safe)."""
     clean = get_clean_message_list(messages, role_conversions=tool_role_conversions, flatten_messages_as_text=True)
     return [{"role": MessageRole(m["role"]).value, "content": safe(m["content"])} for m in clean]
 

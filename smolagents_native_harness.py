@@ -29,7 +29,8 @@ from smolagents.models import ChatMessageToolCall, ChatMessageToolCallFunction
 import smolagents_harness as text_bridge
 from generation import (ToolTemplate, encode, extend_prompt, parse_tool_calls, sampled_reply, scripted_reply,
                         tool_call_text)
-from smolagents_harness import ContextLimit, EpisodeBackend, run_bridge_episodes, safe
+from environment import safe
+from smolagents_harness import ContextLimit, EpisodeBackend, run_bridge_episodes
 from smolagents_harness import BridgeError  # noqa: F401  (04 uses it through this module)
 
 HARNESS_ID = "X-smolagents-native"
