@@ -33,12 +33,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from environment import ToolError, Workspace, argument, check_results, clip, safe, score
-from generation import (BackendError, HFBackend, VLLMBackend, encode, extend_prompt, load_tokenizer, max_positions,
-                        scripted_reply)
-from plumbing import fail, jsonl_text, locked, read_jsonl, seed_everything, write_atomic
-from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, load_assignment, load_harness_file, load_tasks
-from schemas import SYNTAXES, validate_harness  # noqa: F401 (SYNTAXES: the T.syntax names PARSERS interprets)
+from environment import ToolError, Workspace, argument, check_results, clip, oracle_reply, safe, score
+from generation import BackendError, encode, extend_prompt, load_for_generation, scripted_reply
+from plumbing import fail, jsonl_text, locked, seed_everything, write_atomic
+from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, SYNTAXES  # noqa: F401 (the T.syntax names PARSERS reads)
+from schemas import harness_pool, load_assignment, load_harness_file, load_tasks, select_harnesses
 
 HERE = Path(__file__).resolve().parent  # data/ beside this file: the default tasks, the external harnesses
 EXTERNAL = HERE / "data" / "external_harnesses.json"  # X-shell and X-react: --harnesses external
@@ -56,22 +55,19 @@ def parse_args(argv=None):
     sampling = p.add_argument_group("episodes and sampling")
     engine = p.add_argument_group("generation backend (a checkpoint policy)")
     what.add_argument("--run", default="runs/default", help="run folder")
-    what.add_argument("--iteration", type=int, default=None, help="train mode: RL iteration t")
+    what.add_argument("--iteration", type=int, help="train mode: RL iteration t")
     what.add_argument("--eval", action="store_true", help="eval mode (needs --harnesses and --out)")
-    what.add_argument("--policy", default=None, help="checkpoint folder or 'oracle' (train default: contract rule)")
+    what.add_argument("--policy", help="checkpoint folder or 'oracle' (train default: contract rule)")
     engine.add_argument("--backend", default="hf", choices=["hf", "vllm"], help="generation backend for a checkpoint")
-    engine.add_argument("--tokenizer", default=None, help="oracle: record token ids with this tokenizer (SFT demos)")
-    what.add_argument("--tasks", default=None,
-                      help="tasks JSONL (default: data/train_tasks.jsonl in train mode, data/test_tasks.jsonl in eval)")
+    engine.add_argument("--tokenizer", help="oracle: record token ids with this tokenizer (SFT demos)")
+    what.add_argument("--tasks", help="tasks JSONL (default: data/train_tasks.jsonl; eval: data/test_tasks.jsonl)")
     train.add_argument("--group-size", type=int, default=4, help="samples per (task, harness) = GRPO group")
     train.add_argument("--tasks-per-iteration", type=int, default=32, help="tasks per iteration B (0 = all)")
-    evaluation.add_argument("--harnesses", default=None,
-                            help="base|train|heldout|heldout:N|all|external|id,id,... (ids + external); a framework: "
-                                 "smolagents|smolagents-native|pydantic-ai (train mode: pydantic-ai alone)")
-    evaluation.add_argument("--harness-file", action="append", default=[],
-                            help="extra harness JSON/JSONL (repeatable): your own out-of-space harnesses")
+    evaluation.add_argument("--harnesses", help="base|train|heldout|heldout:N|all|external|id,id,... (ids + "
+                            "external); a framework: smolagents|smolagents-native|pydantic-ai (train mode: this one)")
+    evaluation.add_argument("--harness-file", action="append", default=[], help="your harness JSON/JSONL (repeatable)")
     evaluation.add_argument("--samples", type=int, default=1, help="samples per (task, harness)")
-    evaluation.add_argument("--out", default=None, help="output rollouts JSONL")
+    evaluation.add_argument("--out", help="output rollouts JSONL")
     sampling.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
     sampling.add_argument("--max-turns", type=int, default=6, help="model replies per episode (turn budget)")
     sampling.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply")
@@ -80,15 +76,12 @@ def parse_args(argv=None):
                         help="sampling dtype (auto: bf16 on a GPU with bf16, fp16 on T4/V100; CPU: hf fp32, vllm bf16)")
     engine.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                         help="vllm: no compilation / CUDA graphs (default: on for CPU: start-up 20 s, not 2 min)")
-    engine.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default: the model's)")
-    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory it may use")
-    engine.add_argument("--tensor-parallel-size", type=int, default=1,
-                        help="vllm: GPUs that one engine splits the model over (a model larger than one GPU)")
-    what.add_argument("--shard", default=None, metavar="I/N",
-                      help="run only part I of N (0-based) of the episodes, written to <out>.shard-I-of-N.jsonl; the N "
-                      "parts concatenated in order I = 0..N-1 are the records one process writes (pipeline --gpus N)")
-    train.add_argument("--order-seed", type=int, default=0,
-                       help="seed of the task order (keep it fixed over iterations so batches cycle)")
+    engine.add_argument("--max-model-len", type=int, help="vllm: context length (default: the model's)")
+    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory used")
+    engine.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs one engine splits a model over")
+    what.add_argument("--shard", metavar="I/N", help="run part I of N (0-based) of the episodes, into <out>.shard-I-of-"
+                      "N.jsonl; concatenated in order of I, the parts are one process's records (pipeline --gpus N)")
+    train.add_argument("--order-seed", type=int, default=0, help="seed of the task order (fixed: batches cycle)")
     return p.parse_args(argv)  # (flags added in one fixed order: the config lists them in that order)
 
 
@@ -101,21 +94,6 @@ def fill(template, **values):
 def has_line(text, prefix):
     """Does a line of `text` start with `prefix` (leading spaces allowed)?"""
     return any(line.lstrip().startswith(prefix) for line in text.splitlines())
-
-
-# ----------------------------------------------------------------------------- harness records (schemas.HARNESS)
-def load_run_harnesses(run, name):
-    path = Path(run) / name
-    return [validate_harness(h, f"{path}:{n}") for n, h in read_jsonl(path, " (run stages 01-02 first)")]
-
-
-def harness_pool(run, names, pool=()):
-    """{harness_id: record} from `pool` then every file of `names` that exists in the run folder."""
-    pool = {h["harness_id"]: h for h in pool}
-    for name in names:
-        if (Path(run) / name).is_file():
-            pool.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
-    return pool
 
 
 # ============================================================================= the algorithm
@@ -472,42 +450,12 @@ class Episode:
     def record(self, policy, temperature):
         return {**self.meta, "task_id": self.task["task_id"], "family": self.task["family"],
                 "harness_id": self.harness["harness_id"], "policy": policy, "temperature": temperature,
-                "reward": self.reward, "success": self.reward == 1.0, "checks": self.checks, "finish_reason": self.finish_reason,
-                "turns": self.turns, "parse_errors": self.parse_errors, "tool_errors": self.tool_errors,
-                "workflow_violations": self.workflow_violations, "workflow_checks": self.workflow_checks,
-                "error_turns": self.error_turns, "valid_call_turns": self.valid_call_turns,
-                "submitted_answer": self.ws.answer, "rerendered_turns": self.rerendered,
-                "transcript": self.messages, "model_turns": self.model_turns}
-
-
-def oracle_notes(task, k):
-    """Lines of files read before solution step k that hold a number a later step uses (e.g. a sum's terms),
-    restated in every reply until then: a window or an elided observation never hides a value it uses."""
-    solution = task["solution"]
-    later = set(re.findall(r"\d+", " ".join(v for s in solution[k + 1:] for v in s["args"].values())))
-    return [f"{s['args']['path']} {line.strip()}" for s in solution[:k] if s["tool"] == "read_file"
-            for line in task["files"].get(s["args"]["path"], "").splitlines() if later & set(re.findall(r"\d+", line))]
-
-
-def oracle_reply(ep):
-    """The scripted expert: the task's next solution call in this harness's syntax, satisfying its workflow,
-    after a 'Notes:' line with the values it will still need (see oracle_notes)."""
-    solution = ep.task.get("solution") or []
-    k = min(ep.turns, len(solution) - 1)
-    step, T, W = solution[k], ep.T, ep.W
-    lines = []
-    if W.get("plan_first") and ep.turns == 0:
-        names = ", ".join(T["tools"][s["tool"]]["name"] for s in solution)
-        lines.append(f"{W.get('plan_prefix') or 'Plan:'} {names}.")
-    if W.get("reply_marker"):
-        lines.append(f"{W['reply_marker']} " + ("I know the answer." if step["tool"] == "submit" else
-                                                f"I will use {T['tools'][step['tool']]['name']}."))
-    notes = oracle_notes(ep.task, k)
-    if notes:
-        lines.append("Notes: " + "; ".join(notes) + ".")
-    if step["tool"] == "submit" and W.get("verify_before_submit"):
-        lines.append(f"{W.get('verify_marker')} {step['args']['answer']}")
-    return "\n".join(lines + [render_call(T, step["tool"], step["args"])])
+                "reward": self.reward, "success": self.reward == 1.0, "checks": self.checks,
+                "finish_reason": self.finish_reason, "turns": self.turns, "parse_errors": self.parse_errors,
+                "tool_errors": self.tool_errors, "workflow_violations": self.workflow_violations,
+                "workflow_checks": self.workflow_checks, "error_turns": self.error_turns,
+                "valid_call_turns": self.valid_call_turns, "submitted_answer": self.ws.answer,
+                "rerendered_turns": self.rerendered, "transcript": self.messages, "model_turns": self.model_turns}
 
 
 # ----------------------------------------------------------------------------- lockstep rollouts
@@ -529,7 +477,7 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
             fits = [not e.done for e in live]
             live, contexts, prompts = ([x for x, ok in zip(xs, fits) if ok] for xs in (live, contexts, prompts))
         if backend is None:  # oracle
-            texts = [oracle_reply(e) for e in live]
+            texts = [oracle_reply(e.task, e.turns, e.T, e.W, render_call) for e in live]
             outs = [scripted_reply(t, tok)[1:] if tok is not None else None for t in texts]  # (ids + stop, None)
         else:
             # an episode's sampling randomness is keyed by its episode_id alone (generation.py: episode_seed), so
@@ -595,35 +543,10 @@ def train_jobs(args, tasks_by_id, tasks_path):
             for s in range(args.group_size)]
 
 
-def select_harnesses(args):
-    """Eval mode: the harnesses --harnesses names (see its help)."""
-    run, spec = Path(args.run), args.harnesses
-    external = load_harness_file(EXTERNAL) + [h for f in args.harness_file for h in load_harness_file(f)]
-    if spec == "external":
-        return external
-    if spec in ("base", "all"):
-        space = load_run_harnesses(run, "harness_space.jsonl")
-        return space if spec == "all" else [h for h in space if h.get("levels") and not any(h["levels"].values())][:1]
-    if spec in ("train", "heldout"):
-        return load_run_harnesses(run, f"{spec}_harnesses.jsonl")
-    if spec.startswith("heldout:"):
-        held, n = load_run_harnesses(run, "heldout_harnesses.jsonl"), spec.partition(":")[2]
-        if not n.isdigit() or int(n) < 1:
-            fail(f"--harnesses {spec}: N in heldout:N must be a positive integer")
-        return sorted(random.Random(args.seed).sample(held, min(int(n), len(held))), key=lambda h: h["harness_id"])
-    pool = harness_pool(run, ("harness_space.jsonl", "train_harnesses.jsonl", "heldout_harnesses.jsonl"), external)
-    named = [i.strip() for i in spec.split(",") if i.strip()]  # the word "external" stands for those harnesses
-    ids = list(dict.fromkeys(x for i in named for x in ([h["harness_id"] for h in external] if i == "external"
-                                                        else [i])))
-    for hid in ids:
-        if hid not in pool:
-            fail(f"--harnesses: unknown harness id {clip(hid, 60)!r} (not in {run}/*.jsonl, the built-in external "
-                 "harnesses or --harness-file)")
-    return [pool[hid] for hid in ids]
-
-
 def eval_jobs(args, tasks):
-    harnesses = select_harnesses(args)
+    """Eval mode: every task under every harness --harnesses names (schemas.select_harnesses), --samples each."""
+    external = load_harness_file(EXTERNAL) + [h for f in args.harness_file for h in load_harness_file(f)]
+    harnesses = select_harnesses(args.run, args.harnesses, external, args.seed)
     if not harnesses:
         fail(f"--harnesses {args.harnesses}: no harness selected")
     return [(task, h, episode_meta(task["task_id"], h["harness_id"], s)) for h in harnesses for task in tasks
@@ -698,21 +621,13 @@ def shard_path(path, i, n):
     return path.with_name(f"{path.stem}.shard-{i}-of-{n}{path.suffix}")
 
 
-def load_policy(args, policy, jobs, tasks_path):
-    """-> (backend, tokenizer, positions): none for the oracle (a tokenizer only to record token ids)."""
-    if policy == "oracle":
-        for task, h, _ in jobs:
-            missing = {s["tool"] for s in task.get("solution") or []} - set(h["specs"]["T"]["tools"])
-            if not task.get("solution") or missing:
-                fail(f"{tasks_path}: task {task['task_id']!r}: the oracle needs a 'solution' whose tools harness "
-                     f"{h['harness_id']} has (missing: {sorted(missing) or 'solution'})")
-        return None, load_tokenizer(args.tokenizer) if args.tokenizer else None, None
-    if not (Path(policy) / "config.json").is_file():
-        fail(f"{policy}: policy folder not found (no config.json)")
-    tok, positions = load_tokenizer(policy), max_positions(policy)
-    if args.backend == "vllm" and args.max_model_len:  # vLLM refuses longer prompts: end those episodes first
-        positions = min(positions or args.max_model_len, args.max_model_len)
-    return (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args), tok, positions
+def check_oracle(jobs, tasks_path):
+    """The oracle replays each task's solution: every task needs one, with tools its harness has."""
+    for task, h, _ in jobs:
+        missing = {s["tool"] for s in task.get("solution") or []} - set(h["specs"]["T"]["tools"])
+        if not task.get("solution") or missing:
+            fail(f"{tasks_path}: task {task['task_id']!r}: the oracle needs a 'solution' whose tools harness "
+                 f"{h['harness_id']} has (missing: {sorted(missing) or 'solution'})")
 
 
 def summarize(records):
@@ -738,7 +653,9 @@ def run_stage(args):
         out, config_path = shard_path(out, i, n), shard_path(config_path, i, n)
     policy = args.policy or str(Path(args.run) / ("init_policy" if not args.iteration else
                                                   f"iter_{args.iteration - 1:03d}/policy"))
-    backend, tok, positions = load_policy(args, policy, jobs, tasks_path)
+    if policy == "oracle":
+        check_oracle(jobs, tasks_path)
+    backend, tok, positions = load_for_generation(policy, args)
     seed_everything(args.seed)
     start = time.perf_counter()
     if blackbox:

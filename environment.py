@@ -1,4 +1,4 @@
-"""The task environment: a workspace, its tools, the checker; shared by 04 and the framework bridges.
+"""The task environment: a workspace, its tools, the checker, the oracle; shared by 04 and the framework bridges.
 
 A task (schemas.TASK) is a workspace of files, a user request and a checker. Workspace(files) holds the files in
 memory and runs the six canonical tools (list_files, read_file, search, write_file, calculator, submit) on
@@ -9,6 +9,8 @@ error observation, pydantic-ai's retry). score(checker, files, answer) is the ve
 04_rollout.py renders the tools in each harness's call syntax and parses the model's calls back to canonical names
 (its harness interpreter); the bridges (smolagents_harness.py, pydantic_ai_harness.py, ...) give the same tools to
 a framework. Both pass every argument through `argument` (its type and size), then `Workspace.call`.
+oracle_reply(task, turn, T, W, write_call) is the scripted expert 04 runs as --policy oracle: the task's solution,
+one call a reply, in the harness's words.
 """
 import ast
 import math
@@ -64,7 +66,8 @@ def normalise(s):
 
 
 def check(checker, files, answer):
-    """One check on the final workspace and the submitted answer: True or False (an `all` passes when all its parts do)."""
+    """One check on the final workspace and the submitted answer: True or False (an `all` passes when all its parts
+    do)."""
     kind = checker["type"]
     if kind == "all":
         return all(check(c, files, answer) for c in checker["checks"])
@@ -88,7 +91,6 @@ def score(checker, files, answer):
     task answered "done" without the edit would otherwise earn 0.5 for doing nothing, and GRPO would turn a group
     [0.5, 0.5, 0, 0] into the same advantages as a real success in [1, 1, 0, 0]."""
     return float(check(checker, files, answer))
-
 
 
 # ----------------------------------------------------------------------------- the workspace and its tools
@@ -150,8 +152,6 @@ def workspace_path(path):
     return path
 
 
-
-
 class Workspace:
     """The task's files in memory; the six canonical tools. Nothing is executed, nothing touches the disk."""
 
@@ -185,3 +185,36 @@ class Workspace:
             return calculate(args["expression"])
         self.answer = args["answer"]  # submit
         return "submitted"
+
+
+# ----------------------------------------------------------------------------- the oracle: a scripted expert
+# It replays the task's solution (schemas.TASK) under any harness: it shows that every task is solvable in every
+# configuration, and its episodes are the SFT demonstrations. The harness gives the words: the call syntax (a
+# call-writer, 04's render_call) and W's rules; the bridges write the same steps in their framework's format.
+def oracle_notes(task, k):
+    """Lines of files read before solution step k that hold a number a later step uses (e.g. a sum's terms),
+    restated in every reply until then: a window or an elided observation never hides a value it uses."""
+    solution = task["solution"]
+    later = set(re.findall(r"\d+", " ".join(v for s in solution[k + 1:] for v in s["args"].values())))
+    return [f"{s['args']['path']} {line.strip()}" for s in solution[:k] if s["tool"] == "read_file"
+            for line in task["files"].get(s["args"]["path"], "").splitlines() if later & set(re.findall(r"\d+", line))]
+
+
+def oracle_reply(task, turn, T, W, write_call):
+    """The oracle's reply after `turn` replies: the task's next solution call, written by write_call(T, tool, args)
+    in T's call syntax, satisfying W's rules, after a 'Notes:' line with the values it will still need."""
+    solution = task.get("solution") or []
+    k = min(turn, len(solution) - 1)
+    step, lines = solution[k], []
+    if W.get("plan_first") and turn == 0:
+        names = ", ".join(T["tools"][s["tool"]]["name"] for s in solution)
+        lines.append(f"{W.get('plan_prefix') or 'Plan:'} {names}.")
+    if W.get("reply_marker"):
+        lines.append(f"{W['reply_marker']} " + ("I know the answer." if step["tool"] == "submit" else
+                                                f"I will use {T['tools'][step['tool']]['name']}."))
+    notes = oracle_notes(task, k)
+    if notes:
+        lines.append("Notes: " + "; ".join(notes) + ".")
+    if step["tool"] == "submit" and W.get("verify_before_submit"):
+        lines.append(f"{W.get('verify_marker')} {step['args']['answer']}")
+    return "\n".join(lines + [write_call(T, step["tool"], step["args"])])

@@ -8,6 +8,7 @@ encode / extend_prompt). Both backends keep one contract, so 04 never knows whic
     backend = HFBackend(path, tok, args) or VLLMBackend(path, tok, args)
     backend.generate([prompt_ids, ...], turn) -> [(completion_ids, logprobs or None), ...]   # prompt order
     backend.generate([prompt_ids, ...], turn, keys=[episode_id, ...])  # each episode's randomness its own (04)
+    backend, tok, positions = load_for_generation(policy, args)  # 04's policy: a checkpoint, or the oracle's none
 
 completion_ids: the sampled tokens, cut after the first stop token (tok.stop_ids); logprobs: for each of
 them the log-probability under the distribution it was sampled from (logits / temperature, no other warper),
@@ -250,6 +251,20 @@ class VLLMBackend:
         return results
 
 
+def load_for_generation(policy, args):
+    """04's policy: -> (backend, tokenizer, positions). A checkpoint folder gets args.backend (hf or vllm), its
+    tokenizer and its positions (vLLM with args.max_model_len: at most that, so longer prompts end first); the
+    oracle (policy "oracle") no backend, no positions, and a tokenizer only with args.tokenizer (to record ids)."""
+    if policy == "oracle":
+        return None, load_tokenizer(args.tokenizer) if args.tokenizer else None, None
+    if not (Path(policy) / "config.json").is_file():
+        fail(f"{policy}: policy folder not found (no config.json)")
+    tok, positions = load_tokenizer(policy), max_positions(policy)
+    if args.backend == "vllm" and args.max_model_len:  # vLLM refuses longer prompts: end those episodes first
+        positions = min(positions or args.max_model_len, args.max_model_len)
+    return (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args), tok, positions
+
+
 # ----------------------------------------------------------------------------- function calling (black-box bridges)
 # A framework that calls tools natively (blackbox_*.py) sends a serving engine chat messages + tool JSON schemas
 # and gets structured tool calls back. Here is that engine's side, token-in/token-out: the tools are rendered into
@@ -331,7 +346,8 @@ def hermes_messages(messages, tools):
                 out.append({"role": "user", "content": text})
         elif m["role"] == "assistant" and m.get("tool_calls"):
             calls = [tool_call_text(c["function"]["name"], loaded_arguments(c)) for c in m["tool_calls"]]
-            out.append({"role": "assistant", "content": "\n".join(([m["content"]] if m.get("content") else []) + calls)})
+            text = "\n".join(([m["content"]] if m.get("content") else []) + calls)
+            out.append({"role": "assistant", "content": text})
         else:
             out.append({"role": m["role"], "content": m.get("content") or ""})
     return out

@@ -12,12 +12,14 @@ the first bad field, through plumbing.fail (exit 2), with the place first, the w
     ASSIGNMENT   a line of RUN/assignment.jsonl: a task's harness group H_x (03 writes it, 04 reads it)
     ROLLOUT      an episode record, as 04 writes it (05 trains on it, 06 evaluates it; TRAIN_ROLLOUT: 05's reading)
 
-The readers at the end (load_tasks, load_harness_file, load_assignment, load_rollouts) add the rules that span
-records: ids unique, ids that name a task or a harness of the run, token ids inside the policy's vocabulary. Every
-message names the file and line (`path:line:`).
+The readers at the end (load_tasks, load_harness_file, load_run_harnesses, harness_pool, select_harnesses,
+load_assignment, load_rollouts) add the rules that span records: ids unique, ids that name a task or a harness of the
+run, token ids inside the policy's vocabulary. Every message names the file and line (`path:line:`).
 """
 import json
 import math
+import random
+from pathlib import Path
 
 from plumbing import fail, read_jsonl, read_text, surrogate_field
 
@@ -217,6 +219,49 @@ def load_harness_file(path):
     except json.JSONDecodeError:
         rows = [(f"{path}:{n}", h) for n, h in read_jsonl(path)]
     return [validate_harness(h, where) for where, h in rows]
+
+
+def load_run_harnesses(run, name):
+    """The harness records of RUN/name (01's harness_space.jsonl, 02's train / heldout sets), each validated."""
+    path = Path(run) / name
+    return [validate_harness(h, f"{path}:{n}") for n, h in read_jsonl(path, " (run stages 01-02 first)")]
+
+
+def harness_pool(run, names, pool=()):
+    """{harness_id: record} from `pool` then every file of `names` that exists in the run folder."""
+    pool = {h["harness_id"]: h for h in pool}
+    for name in names:
+        if (Path(run) / name).is_file():
+            pool.update({h["harness_id"]: h for h in load_run_harnesses(run, name)})
+    return pool
+
+
+def select_harnesses(run, spec, external, seed):
+    """The harness records an eval-mode SPEC names (04's --harnesses): base (the space's all-zero configuration),
+    train, heldout, heldout:N (N of them drawn with Random(seed)), all (01's space), external (`external`: the
+    built-in out-of-space harnesses and the user's), or ids, comma-separated, from all of these."""
+    run = Path(run)
+    if spec == "external":
+        return external
+    if spec in ("base", "all"):
+        space = load_run_harnesses(run, "harness_space.jsonl")
+        return space if spec == "all" else [h for h in space if h.get("levels") and not any(h["levels"].values())][:1]
+    if spec in ("train", "heldout"):
+        return load_run_harnesses(run, f"{spec}_harnesses.jsonl")
+    if spec.startswith("heldout:"):
+        held, n = load_run_harnesses(run, "heldout_harnesses.jsonl"), spec.partition(":")[2]
+        if not n.isdigit() or int(n) < 1:
+            fail(f"--harnesses {spec}: N in heldout:N must be a positive integer")
+        return sorted(random.Random(seed).sample(held, min(int(n), len(held))), key=lambda h: h["harness_id"])
+    pool = harness_pool(run, ("harness_space.jsonl", "train_harnesses.jsonl", "heldout_harnesses.jsonl"), external)
+    named = [i.strip() for i in spec.split(",") if i.strip()]  # the word "external" stands for those harnesses
+    ids = list(dict.fromkeys(x for i in named for x in ([h["harness_id"] for h in external] if i == "external"
+                                                        else [i])))
+    for hid in ids:
+        if hid not in pool:
+            fail(f"--harnesses: unknown harness id {clip(hid, 60)!r} (not in {run}/*.jsonl, the built-in external "
+                 "harnesses or --harness-file)")
+    return [pool[hid] for hid in ids]
 
 
 def load_assignment(path, task_ids, harness_ids, tasks_path):

@@ -42,10 +42,12 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     R = load_04()
+    import generation as G  # the backends (04 imports it: on the path)
+    import schemas as S
     tmp = Path(tempfile.mkdtemp(prefix="bench04_"))
     subprocess.run([sys.executable, str(ROOT / "01_harness_space.py"), "--run", str(tmp)], check=True,
                    capture_output=True)
-    harnesses = R.load_run_harnesses(tmp, "harness_space.jsonl") + R.load_harness_file(R.EXTERNAL)
+    harnesses = S.load_run_harnesses(tmp, "harness_space.jsonl") + R.load_harness_file(R.EXTERNAL)
     tasks = R.load_tasks(ROOT / "data" / "test_tasks.jsonl")
     jobs = [(t, h, {}) for h in harnesses for t in tasks]
 
@@ -64,7 +66,7 @@ def main():
         model = tmp / "tiny"
         subprocess.run([sys.executable, str(ROOT / "data" / "tiny_model.py"), "--out", str(model), "--corpus",
                         str(demos), str(ROOT / "data" / "train_tasks.jsonl")], check=True, capture_output=True)
-    tok = R.load_tokenizer(model)
+    tok = G.load_tokenizer(model)
     sub = jobs[::5]
     start = time.perf_counter()
     records = R.run_episodes(sub, "oracle", tok=tok, progress=False)
@@ -72,7 +74,7 @@ def main():
     print(f"oracle, with token records: {len(sub)} episodes, {tok_s:.2f} s -> {len(sub) / tok_s:,.0f} episodes/s")
 
     import torch
-    backend = R.HFBackend(str(model), tok, argparse.Namespace(temperature=args.temperature,
+    backend = G.HFBackend(str(model), tok, argparse.Namespace(temperature=args.temperature,
                                                               max_new_tokens=args.max_new_tokens))
     R.seed_everything(args.seed)
     spread = [jobs[(i * 7919) % len(jobs)] for i in range(args.episodes)]  # many harnesses and tasks
@@ -81,7 +83,7 @@ def main():
     backend.gen_seconds = 0.0
     start = time.perf_counter()
     records = R.run_episodes(spread, str(model), backend, tok, args.max_turns, args.max_new_tokens,
-                             R.max_positions(model), args.temperature, progress=False)
+                             G.max_positions(model), args.temperature, progress=False)
     wall = time.perf_counter() - start
     gen = backend.gen_seconds
     prompts = [len(mt["prompt_ids"]) for r in records for mt in r["model_turns"]]

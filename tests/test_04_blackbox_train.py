@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+import generation as G
 import helpers_04 as H
 import schemas as S
 from conftest import load_stage, run_stage
@@ -23,7 +24,7 @@ HID = "X-pydantic-ai"
 def tiny(tmp_path_factory):
     """04's tiny random policy (ChatML, tools rendered in the Hermes convention); its replies stop now and then."""
     path = H.build_tiny_model(tmp_path_factory.mktemp("tiny_bbt"), max_positions=4096, stop_logit=5.5)
-    return path, R.load_tokenizer(path)
+    return path, G.load_tokenizer(path)
 
 
 def write_tasks(path, tasks):
@@ -119,7 +120,7 @@ def test_each_episode_draws_its_own_randomness(tiny):
     a, b = H.read_tasks()[:2]
 
     def run(tasks):
-        backend = R.HFBackend(path, tok, types.SimpleNamespace(temperature=1.0, max_new_tokens=12, seed=5))
+        backend = G.HFBackend(path, tok, types.SimpleNamespace(temperature=1.0, max_new_tokens=12, seed=5))
         return P.run_pydantic_ai_episodes(tasks, str(path), backend, tok, 2, 12, 1.0, samples=2, progress=False)
     both, alone = run([a, b]), run([b])
     assert [r["episode_id"] for r in both[2:]] == [r["episode_id"] for r in alone]

@@ -7,6 +7,7 @@ import re
 import pytest
 from conftest import load_stage, run_stage
 
+import generation as G
 import helpers_04 as H
 
 R = load_stage("04_rollout.py")
@@ -24,7 +25,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tok(tiny):
-    return R.load_tokenizer(tiny)
+    return G.load_tokenizer(tiny)
 
 
 def small_tasks(path, per_family=1, name="train_tasks.jsonl"):
@@ -242,7 +243,7 @@ def test_hf_backend_end_to_end_train_and_eval(tmp_path, tiny, tok):
 def test_hf_logprobs_equal_a_forward_pass_at_the_temperature(tiny, tok):
     import torch
     args = argparse.Namespace(temperature=0.7, max_new_tokens=10)
-    backend = R.HFBackend(str(tiny), tok, args)
+    backend = G.HFBackend(str(tiny), tok, args)
     torch.manual_seed(0)
     prompts = [tok.encode("<|im_start|>user\nWhat is the code in river.txt?<|im_end|>\n<|im_start|>assistant\n"),
                tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")]
@@ -260,12 +261,12 @@ def test_context_limit_ends_episodes(tiny, tok):
     task = H.read_tasks()[1]
     h = H.by_id(H.space_records())["S0-T0-O0-C0-W0"]
     first = len(R.encode(tok, R.Episode(task, h, 4, {}).context()))
-    backend = R.HFBackend(str(tiny), tok, argparse.Namespace(temperature=1.0, max_new_tokens=16))
+    backend = G.HFBackend(str(tiny), tok, argparse.Namespace(temperature=1.0, max_new_tokens=16))
     positions = first + 16 + 3  # turn 0 fits, turn 1 (prompt + reply + observation) cannot
     (r,) = R.run_episodes([(task, h, {})], "tiny", backend, tok, 4, 16, positions, progress=False)
     assert r["finish_reason"] == "context_limit" and r["turns"] == 1 and len(r["model_turns"]) == 1
     assert len(r["model_turns"][0]["prompt_ids"]) <= positions - 16
-    assert R.max_positions(tiny) == 2048
+    assert G.max_positions(tiny) == 2048
 
 
 def test_one_generation_call_per_turn_for_all_live_episodes(tok):
@@ -388,7 +389,7 @@ def tiny05(tmp_path_factory):
 def test_task_entities_are_single_tokens_of_the_stage05_tiny_tokenizer(tiny05):
     """The toy can copy a file name, key, animal or value only if it is one token: data/tiny_model.py's tokenizer,
     trained on the training tasks, makes every entity of every default task (train and test) one token."""
-    tok05 = R.load_tokenizer(tiny05)
+    tok05 = G.load_tokenizer(tiny05)
     entities = {w for t in H.read_tasks() + H.read_tasks("test_tasks.jsonl") for text in t["files"].values()
                 for w in re.findall(r"[a-z]+|\d+", text)}
     assert len(entities) > 100
@@ -398,7 +399,7 @@ def test_task_entities_are_single_tokens_of_the_stage05_tiny_tokenizer(tiny05):
 
 def test_works_with_the_stage05_tiny_model(tmp_path, tiny05):
     """data/tiny_model.py's tokenizer, chat template and stop ids: oracle demonstrations and hf rollouts."""
-    tok05 = R.load_tokenizer(tiny05)
+    tok05 = G.load_tokenizer(tiny05)
     assert tok05.stop_ids[0] == tok05.convert_tokens_to_ids("<|im_end|>")
     small_tasks(tmp_path / "tasks.jsonl")
     H.make_run(tmp_path, set(), {})

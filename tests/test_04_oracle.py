@@ -8,7 +8,9 @@ import sys
 import pytest
 from conftest import load_stage, run_stage
 
+import environment as E
 import helpers_04 as H
+import schemas as S
 
 R = load_stage("04_rollout.py")
 FAMILIES = ["lookup", "sum", "edit", "multihop", "search", "count"]
@@ -56,7 +58,7 @@ def test_stage01_space_matches_the_contract_and_the_oracle_solves_it(tmp_path):
     if not (H.ROOT / "01_harness_space.py").exists():
         pytest.skip("stage 01 has not landed")
     run_stage("01_harness_space.py", "--run", tmp_path)
-    theirs = R.load_run_harnesses(tmp_path, "harness_space.jsonl")
+    theirs = S.load_run_harnesses(tmp_path, "harness_space.jsonl")
     ours = H.by_id(H.space_records())
     strip = lambda specs: {c: {k: v for k, v in s.items() if k != "desc"} for c, s in specs.items()}
     assert {h["harness_id"] for h in theirs} == set(ours)
@@ -125,7 +127,7 @@ def oracle_turns(jobs):
     episodes, seen = [R.Episode(t, h, 6, {}) for t, h in jobs], []
     for turn in range(6):
         for e in [e for e in episodes if not e.done]:
-            context, reply = e.context(), R.oracle_reply(e)
+            context, reply = e.context(), E.oracle_reply(e.task, e.turns, e.T, e.W, R.render_call)
             seen.append((e, context, list(e.messages), reply, e.task["solution"][turn]))
             e.step(reply)
     return episodes, seen

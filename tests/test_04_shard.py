@@ -5,6 +5,7 @@ import json
 import pytest
 from conftest import load_stage, run_stage
 
+import generation as G
 import helpers_04 as H
 
 R = load_stage("04_rollout.py")
@@ -65,11 +66,11 @@ def test_vllm_seeds_follow_the_episode_and_tensor_parallel_is_passed(monkeypatch
     import sys
 
     from test_04_vllm import Fake
-    tok = R.load_tokenizer(tiny)
+    tok = G.load_tokenizer(tiny)
     fake = Fake(lambda i, p: [5])
     monkeypatch.setitem(sys.modules, "vllm", fake.module)
     args = argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=7, tensor_parallel_size=2)
-    backend = R.VLLMBackend(tiny, tok, args)
+    backend = G.VLLMBackend(tiny, tok, args)
     assert fake.llm_kwargs["tensor_parallel_size"] == 2
     backend.generate([[1], [2], [3]], 1, keys=["a", "b", "c"])
     backend.generate([[3], [1]], 1, keys=["c", "a"])  # another batch: the same episodes keep their seeds
@@ -78,5 +79,5 @@ def test_vllm_seeds_follow_the_episode_and_tensor_parallel_is_passed(monkeypatch
     backend.generate([[1]], 2, keys=["a"])  # the next turn draws new randomness
     assert fake.calls[-1][1][0].kwargs["seed"] != seeds[0][0]
     args1 = argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=7)
-    R.VLLMBackend(tiny, tok, args1)
+    G.VLLMBackend(tiny, tok, args1)
     assert "tensor_parallel_size" not in fake.llm_kwargs  # one GPU: nothing new passed

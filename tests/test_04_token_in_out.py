@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import load_stage
 
+import generation as G
 import helpers_04 as H
 
 R = load_stage("04_rollout.py")
@@ -69,14 +70,14 @@ def jobs(harness_ids, samples=2, n_tasks=3):
 
 
 def run(policy, harness_ids, backend="hf", max_turns=4, max_new_tokens=24):
-    tok = R.load_tokenizer(policy)
+    tok = G.load_tokenizer(policy)
     args = argparse.Namespace(temperature=1.0, max_new_tokens=max_new_tokens, seed=0, dtype="float32")
     if backend == "oracle":
         engine = None
     elif backend == "hf":
-        engine = R.HFBackend(policy, tok, args)
+        engine = G.HFBackend(policy, tok, args)
     else:
-        engine = R.VLLMBackend(policy, tok, args)
+        engine = G.VLLMBackend(policy, tok, args)
     records = R.run_episodes(jobs(harness_ids), "p", engine, tok, max_turns, max_new_tokens, None, 1.0,
                              progress=False)
     return tok, records
@@ -171,7 +172,7 @@ def test_fake_vllm_engine_full_history(policy, monkeypatch):
         def __init__(self, **kw):
             self.__dict__.update(kw)
 
-    vocab = len(R.load_tokenizer(policy))
+    vocab = len(G.load_tokenizer(policy))
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
     tok, records = run(policy, C0, backend="vllm")
     agree, drift = check_records(tok, records, full_history=True)
@@ -200,7 +201,7 @@ def test_rewriting_contexts_rerender(policy):
 
 
 def test_extend_prompt_refuses_what_is_not_an_append(policy):
-    tok = R.load_tokenizer(policy)
+    tok = G.load_tokenizer(policy)
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
     ids = R.encode(tok, msgs)
     comp = tok.encode("Hello there", add_special_tokens=False)

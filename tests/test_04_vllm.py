@@ -12,6 +12,7 @@ import types
 import pytest
 from conftest import load_stage
 
+import generation as G
 import helpers_04 as H
 
 R = load_stage("04_rollout.py")
@@ -56,7 +57,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tok(tiny):
-    return R.load_tokenizer(tiny)
+    return G.load_tokenizer(tiny)
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +71,7 @@ def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
     fake = Fake(lambda i, p: [10, 11, stop, 12] if i == 0 else [13] * 50)
     monkeypatch.setitem(sys.modules, "vllm", fake.module)
     args = argparse.Namespace(temperature=0.8, max_new_tokens=6, seed=3)
-    backend = R.VLLMBackend(tiny, tok, args)
+    backend = G.VLLMBackend(tiny, tok, args)
     assert fake.llm_kwargs == {"model": str(tiny), "seed": 3, "dtype": "bfloat16", "generation_config": "vllm",
                                "logprobs_mode": "processed_logprobs", "enforce_eager": True,
                                "enable_chunked_prefill": False}  # CPU: seeded requests crash on chunked prefill
@@ -90,7 +91,7 @@ def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
     backend.generate([[1, 2, 3]], turn=3)
     assert fake.calls[-1][1][0].kwargs["seed"] != seeds_turn2[0]  # a new seed each round
 
-    greedy = R.VLLMBackend(tiny, tok, argparse.Namespace(temperature=0.0, max_new_tokens=6, seed=3))
+    greedy = G.VLLMBackend(tiny, tok, argparse.Namespace(temperature=0.0, max_new_tokens=6, seed=3))
     assert greedy.generate([[1, 2]], 0) == [([10, 11, stop], None)] and fake.calls[-1][1][0].kwargs["logprobs"] is None
 
 
@@ -122,7 +123,7 @@ def test_vllm_backend_through_the_command_line(monkeypatch, tmp_path, tiny, tok)
 def test_vllm_missing_is_a_clear_error(monkeypatch, tiny, tok):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     with pytest.raises(R.BackendError, match="vllm is not installed"):
-        R.VLLMBackend(tiny, tok, argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=0))
+        G.VLLMBackend(tiny, tok, argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=0))
 
 
 def test_vllm_options_on_a_gpu_without_bf16(monkeypatch, tiny, tok):
@@ -134,7 +135,7 @@ def test_vllm_options_on_a_gpu_without_bf16(monkeypatch, tiny, tok):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     args = argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=0, dtype="auto", enforce_eager=None,
                               max_model_len=2048, gpu_memory_utilization=0.5)
-    R.VLLMBackend(tiny, tok, args)
+    G.VLLMBackend(tiny, tok, args)
     assert fake.llm_kwargs == {"model": str(tiny), "seed": 0, "dtype": "float16", "generation_config": "vllm",
                                "logprobs_mode": "processed_logprobs", "enforce_eager": False, "max_model_len": 2048,
                                "gpu_memory_utilization": 0.5}

@@ -55,7 +55,7 @@ QWEN25 = (
 def tiny(tmp_path_factory):
     """04's tiny random policy (ChatML, no tool rendering) with room for smolagents' system prompt."""
     path = H.build_tiny_model(tmp_path_factory.mktemp("tiny_bb"), max_positions=8192, stop_logit=5.5)
-    return path, R.load_tokenizer(path)
+    return path, G.load_tokenizer(path)
 
 
 # ----------------------------------------------------------------------------- generation.py: function calling
@@ -94,7 +94,7 @@ def test_hermes_rendering_is_qwen25s_template(tiny):
                 {"role": "tool", "content": "three"}, {"role": "user", "content": "go on"}]
     ours = G.ToolTemplate(tok, tools)
     assert not ours.native
-    qwen_tok = R.load_tokenizer(tiny[0])
+    qwen_tok = G.load_tokenizer(tiny[0])
     qwen_tok.chat_template = QWEN25
     qwen = G.ToolTemplate(qwen_tok, tools)
     assert qwen.native
@@ -176,7 +176,7 @@ def test_the_oracle_with_a_tokenizer_records_ids_that_decode_to_its_calls(tiny):
 def test_a_tiny_policy_runs_token_in_token_out(tiny, name):
     module = BRIDGES[name][0]
     path, tok = tiny
-    backend = R.HFBackend(path, tok, types.SimpleNamespace(temperature=1.0, max_new_tokens=16, seed=0))
+    backend = G.HFBackend(path, tok, types.SimpleNamespace(temperature=1.0, max_new_tokens=16, seed=0))
     recording = H.Recording(backend)
     calls = recording.calls
     R.seed_everything(0)

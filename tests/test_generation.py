@@ -19,8 +19,8 @@ def tiny(tmp_path_factory):
 def test_hf_backend_keeps_no_per_step_scores(tiny, monkeypatch):
     """output_scores would keep [B, V] per step (80 GB at 512 x 256 x 152k); the recorder keeps one step."""
     import torch
-    tok = R.load_tokenizer(tiny)
-    backend = R.HFBackend(str(tiny), tok, argparse.Namespace(temperature=1.0, max_new_tokens=12))
+    tok = G.load_tokenizer(tiny)
+    backend = G.HFBackend(str(tiny), tok, argparse.Namespace(temperature=1.0, max_new_tokens=12))
     seen, real = {}, backend.model.generate
 
     def spy(**kwargs):

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import environment as E
+import generation as G
 import helpers_04 as H
 from conftest import ROOT, load_stage
 
@@ -109,7 +110,7 @@ def test_a_typed_surrogate_through_04s_cli_write_then_read_then_submit(hid, tiny
     external = {h["harness_id"]: h for h in R.load_harness_file(R.EXTERNAL)}
     syntax = (SPACE.get(hid) or external[hid])["specs"]["T"]["syntax"]
     monkeypatch.setattr(ScriptedBackend, "replies", SURROGATE_SCRIPT[syntax])
-    monkeypatch.setattr(R, "HFBackend", ScriptedBackend)
+    monkeypatch.setattr(G, "HFBackend", ScriptedBackend)  # what generation.load_for_generation makes
     out = tmp_path / "out.jsonl"
     R.main(["--run", str(run), "--eval", "--policy", str(tiny), "--harnesses", hid, "--tasks",
             str(tmp_path / "tasks.jsonl"), "--out", str(out), "--max-turns", "4", "--temperature", "0"])
@@ -138,7 +139,7 @@ class Scripted:
 
 def test_a_typed_surrogate_through_the_smolagents_bridge(tiny):
     B = smolagents_bridge()
-    tok = R.load_tokenizer(tiny)
+    tok = G.load_tokenizer(tiny)
     act = lambda name, args: "Action:\n" + json.dumps({"name": name, "arguments": args})  # noqa: E731
     replies = [act("write_file", {"path": "x.txt", "content": "a\\ud800b"}).replace("\\\\", "\\"),
                act("read_file", {"path": "x.txt"}), act("no\\ud800pe", {}).replace("\\\\", "\\"),

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, load_stage, run_stage
 
+import environment as E
+
 R = load_stage("04_rollout.py")
 P = load_stage("pipeline.py")
 D = load_stage("02_orthogonal_design.py")
@@ -29,7 +31,7 @@ def replies(tmp_path_factory):
         episodes = [R.Episode(t, h, 8, {}) for t in tasks]
         while any(not e.done for e in episodes):
             for e in [e for e in episodes if not e.done]:
-                reply = R.oracle_reply(e)
+                reply = E.oracle_reply(e.task, e.turns, e.T, e.W, R.render_call)
                 out.add(reply)
                 e.step(reply)
     return sorted(out), space

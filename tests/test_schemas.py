@@ -7,6 +7,7 @@ import random
 import pytest
 from conftest import ROOT, load_stage
 
+import generation as G
 import helpers_04 as H
 import schemas as S
 
@@ -226,7 +227,7 @@ def test_the_rollout_table_accepts_the_smolagents_bridges_records():
 @pytest.fixture(scope="module")
 def tokenized_records(tiny05):
     """04's oracle records with model_turns (token ids of the tiny05 tokenizer, no log-probs), and its vocab size."""
-    tok = R.load_tokenizer(tiny05)
+    tok = G.load_tokenizer(tiny05)
     tasks = H.read_tasks("test_tasks.jsonl")[:3]
     jobs = [(t, H.space_records()[11 * i], {"episode_id": f"e{i}", "iteration": 0, "visit": 0, "group_id": f"g{i}",
                                             "sample_index": 0}) for i, t in enumerate(tasks)]

@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402  (a dependency of smolagents)
 
 import environment as E  # noqa: E402
+import generation as G  # noqa: E402
 import helpers_04 as H  # noqa: E402
 from conftest import load_stage  # noqa: E402
 
@@ -52,7 +53,7 @@ def observations(rec):
 def tiny(tmp_path_factory):
     """A tiny random policy (04's test model) with room for smolagents' ~2,700-token system prompt."""
     path = H.build_tiny_model(tmp_path_factory.mktemp("tiny_smol"), max_positions=8192, stop_logit=5.5)
-    return path, R.load_tokenizer(path)
+    return path, G.load_tokenizer(path)
 
 
 # ----------------------------------------------------------------------------- the oracle inside smolagents
@@ -116,7 +117,7 @@ def test_the_system_prompt_is_smolagents_own():
 def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
     path, tok = tiny
     args = types.SimpleNamespace(temperature=1.0, max_new_tokens=24, seed=0)
-    backend = R.HFBackend(path, tok, args)
+    backend = G.HFBackend(path, tok, args)
     R.seed_everything(0)
     records = B.run_smolagents_episodes(TEST_TASKS[:3], str(path), backend, tok, max_turns=3, max_new_tokens=24,
                                         temperature=1.0, progress=False, positions=8192)
@@ -160,7 +161,7 @@ def test_a_tiny_policy_runs_inside_smolagents_token_in_token_out(tiny):
 
 def test_a_prompt_over_the_positions_ends_the_episode_as_context_limit(tiny):
     path, tok = tiny
-    backend = R.HFBackend(path, tok, types.SimpleNamespace(temperature=1.0, max_new_tokens=16, seed=0))
+    backend = G.HFBackend(path, tok, types.SimpleNamespace(temperature=1.0, max_new_tokens=16, seed=0))
     rec = B.run_smolagents_episodes([TASK], str(path), backend, tok, 3, 16, 1.0, progress=False,
                                     positions=1000)[0]
     assert rec["finish_reason"] == "context_limit" and rec["turns"] == 0 and rec["reward"] == 0.0

@@ -9,6 +9,7 @@ import os
 import pytest
 from conftest import load_stage, run_stage
 
+import generation as G
 import helpers_04 as H
 import test_04_cli as C  # its helpers (a module import: its tests are not collected twice)
 
@@ -47,7 +48,7 @@ def make_run(run, tiny):
 def test_tiny_train_mode_schema_groups_and_05_logprob_mismatch(tmp_path, tiny):
     """Train mode on vLLM: the hf backend's record schema, distinct group samples, and log-probs that 05's fp32
     recomputation matches (vLLM samples in bf16 on CPU): logprob_mismatch bounded and reported."""
-    tok = R.load_tokenizer(tiny)
+    tok = G.load_tokenizer(tiny)
     runs = {b: make_run(tmp_path / b, tiny) for b in ("vllm", "hf")}
     for backend, run in runs.items():
         run_stage("04_rollout.py", "--run", run, "--iteration", 0, "--backend", backend, "--tasks", run / "tasks.jsonl",
@@ -82,7 +83,7 @@ def test_tiny_train_mode_schema_groups_and_05_logprob_mismatch(tmp_path, tiny):
 def test_smollm2_greedy_episodes_parse_score_and_match_hf(tmp_path, smol):
     """A real chat model: greedy vLLM episodes under the base harness and X-react go through the parser and the
     verifier; their first replies are the hf backend's greedy replies (both in fp32)."""
-    tok = R.load_tokenizer(smol)
+    tok = G.load_tokenizer(smol)
     tasks = C.small_tasks(tmp_path / "tasks.jsonl")[:3]
     H.write_jsonl(tmp_path / "tasks.jsonl", tasks)
     H.make_run(tmp_path, set(HARNESSES), {})
