@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from environment import ToolError, Workspace, argument, check_results, clip, oracle_reply, safe, score
 from generation import BackendError, encode, extend_prompt, load_for_generation, scripted_reply
-from plumbing import fail, jsonl_text, locked, seed_everything, write_atomic
+from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything, write_atomic
 from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, SYNTAXES  # noqa: F401 (the T.syntax names PARSERS reads)
 from schemas import harness_pool, load_assignment, load_harness_file, load_tasks, select_harnesses
 
@@ -651,8 +651,7 @@ def run_stage(args):
         i, n = shard
         jobs = jobs[len(jobs) * i // n:len(jobs) * (i + 1) // n]
         out, config_path = shard_path(out, i, n), shard_path(config_path, i, n)
-    policy = args.policy or str(Path(args.run) / ("init_policy" if not args.iteration else
-                                                  f"iter_{args.iteration - 1:03d}/policy"))
+    policy = args.policy or str(iteration_policy(args.run, args.iteration or 0))  # eval mode gives --policy
     if policy == "oracle":
         check_oracle(jobs, tasks_path)
     backend, tok, positions = load_for_generation(policy, args)

@@ -1,13 +1,5 @@
 """Stage 05: one policy update from one iteration's rollouts (GRPO / PPO / SFT), plain PyTorch.
 
-The paper's multi-harness policy optimisation: the clipped surrogate over every generated token of every
-(task, harness, trajectory) of the update batch, pi_old recomputed here at the sampling temperature. `run_stage`
-runs the steps in order: flags, load, sequences, advantages, pi_old, the update loop (epochs x minibatches, one AdamW
-step each, around `objective`, whose equation is written above it), save. A minibatch with no signal (GRPO: every
-group reward-equal) makes no optimizer step. Where another engine sampled (vLLM, or a dtype other than fp32) each
-token's term is weighted by min(pi_old / pi_rollout, 2) (truncated IS, --tis-cap). Model turns whose prompt extends
-the previous prompt + completion are merged into one sequence (same loss, fewer tokens). docs/rl-cost.md.
-
     python 05_train.py --algo sft --policy runs/toy/tiny --rollouts demos.jsonl --out runs/toy/init_policy \
         --epochs 6 --lr 3e-3
     python 05_train.py --run runs/toy --iteration 0 --algo grpo --lr 3e-4
@@ -17,16 +9,14 @@ the previous prompt + completion are merged into one sequence (same loss, fewer 
     # ... with the model sharded over the ranks (FSDP2) when its weights + AdamW state do not fit one GPU
     torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/big --iteration 0 --algo grpo --fsdp
 
-Writes <out>/ (save_pretrained model + tokenizer, value_head.pt for PPO, optimizer.pt: the AdamW moments, which the
-next update loads from its --policy folder; generation.save_checkpoint) and, beside it, train_log.jsonl (one row per
-minibatch) and 05_train_config.json. Defaults with --run DIR --iteration t: rollouts DIR/iter_{t:03d}/rollouts.jsonl,
-policy DIR/init_policy (t = 0) or DIR/iter_{t-1:03d}/policy, out DIR/iter_{t:03d}/policy. Tests and benchmarks
-only: the environment variable HARNESS_05_TEST_VARIANTS, a comma-separated list of the VARIANTS below.
+The paper's multi-harness policy optimisation: the clipped surrogate over every generated token of every (task,
+harness, trajectory) of the update batch, pi_old recomputed at the sampling temperature. `run_stage` runs the steps in
+order: flags, load, sequences, advantages, pi_old, the update loop (epochs x minibatches, one AdamW step each, around
+`objective`, its equation above it), save. What it writes, its defaults and its rules: docs/stages.md.
 """
 import argparse
 import contextlib
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -39,10 +29,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from generation import (LOGIT_CHUNK, bf16_autocast, check_head, check_policy_folder, forward, load_for_training,
-                        load_optimizer, micro_batches, save_checkpoint, token_batch, trunk_and_head)
-from plumbing import fail, jsonl_text, locked, seed_everything
-from schemas import TRAIN_ROLLOUT, load_rollouts
+from generation import (LOGIT_CHUNK, bf16_autocast, check_policy_folder, forward, load_for_training, load_optimizer,
+                        load_reference, micro_batches, save_checkpoint, score_sequences, token_batch, token_fields)
+from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything
+from schemas import load_train_rollouts
 
 TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
 MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
@@ -56,7 +46,6 @@ VARIANTS = {  # tests and benchmarks only, named in HARNESS_05_TEST_VARIANTS
     "no-merge-turns": "one sequence per model turn, never merged (bench/bench_train.py measures what merging saves)",
     "no-norm-adv": "PPO: do not whiten the GAE advantages (tests compute the raw ones by hand)",
     "naive-local-nb": "under torchrun, the biased port: loss over each rank's own N_B, gradients averaged"}
-ROLLOUT_FIELDS = ["model_turns", "reward", "group_id", "temperature", "episode_id", "policy", "sampler"]  # 05 reads
 
 
 def parse_args(argv=None):
@@ -64,7 +53,7 @@ def parse_args(argv=None):
     g = p.add_argument_group("inputs and outputs")
     g.add_argument("--run", default="runs/default", help="run folder (used with --iteration)")
     g.add_argument("--iteration", type=int, help="RL iteration t (sets the default paths)")
-    g.add_argument("--policy", help="policy checkpoint folder (default: see module docstring)")
+    g.add_argument("--policy", help="checkpoint folder (default DIR/init_policy; t > 0: DIR/iter_{t-1:03d}/policy)")
     g.add_argument("--rollouts", help="rollouts.jsonl (default DIR/iter_{t:03d}/rollouts.jsonl)")
     g.add_argument("--out", help="output checkpoint folder (default DIR/iter_{t:03d}/policy)")
     g.add_argument("--seed", type=int, default=0, help="seeds torch and the minibatch order (a replicate)")
@@ -72,33 +61,27 @@ def parse_args(argv=None):
     g.add_argument("--algo", choices=["grpo", "ppo", "sft"], default="grpo")
     g.add_argument("--clip-eps", type=float, default=0.2, help="epsilon of clip(rho, 1-eps, 1+eps)")
     g.add_argument("--kl-coef", type=float, default=0.0, help="weight of the k3 KL to the reference policy (0: off)")
-    g.add_argument("--ref-policy", help="reference policy for the KL (default: with --iteration, DIR/init_policy "
-                   "if it exists; else the loaded policy)")
+    g.add_argument("--ref-policy", help="KL reference (default: --iteration's DIR/init_policy if any, else --policy)")
     g.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus weight (0: entropy not computed)")
     g.add_argument("--tis-cap", type=float, help=f"truncated IS cap C: each token's term times min(pi_old / "
-                   f"pi_rollout, C); 0 = off. Default {TIS_CAP} where another engine sampled (vLLM, or a dtype other "
-                   "than 05's fp32), off where 05's own fp32 forward did (the log-probs agree to ~1e-6)")
+                   f"pi_rollout, C); 0 = off. Default {TIS_CAP} where another engine sampled (vLLM, or not fp32)")
     g.add_argument("--lam", type=float, default=1.0, help="PPO: GAE lambda (verl's default 1: A_t = R - V_t)")
     g.add_argument("--min-reward", type=float, help="SFT: keep only demonstrations with reward >= this (e.g. 1)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate (toy: 3e-4 RL, 3e-3 SFT)")
     g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     g.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping (total L2 norm per group)")
-    g.add_argument("--epochs", "--ppo-epochs", dest="epochs", type=int, help="passes over the batch (default: 2 for "
-                   "grpo/ppo, 1 for sft); --ppo-epochs is its old name")
+    g.add_argument("--epochs", "--ppo-epochs", dest="epochs", type=int, help="passes over the batch (RL 2, SFT 1)")
     g.add_argument("--minibatches", type=int, help="optimizer steps per pass (RL default 2)")
     g.add_argument("--minibatch-size", type=int, help="sequences per optimizer step (SFT default 32)")
-    g.add_argument("--no-optimizer-state", action="store_true", help="neither load nor save optimizer.pt (AdamW "
-                   "moments: 2x the fp32 weights on disk; without them each update's first step is ~lr * sign(g))")
+    g.add_argument("--no-optimizer-state", action="store_true", help="neither load nor save optimizer.pt (AdamW)")
     g = p.add_argument_group("memory and speed (none changes the update)")
     g.add_argument("--micro-batch-size", type=int, default=8, help="sequences per forward/backward (accumulation)")
-    g.add_argument("--micro-batch-tokens", type=int, help="instead: micro-batches of the length-sorted sequences "
-                   "holding at most this many padded tokens, so memory follows tokens, not sequence counts")
+    g.add_argument("--micro-batch-tokens", type=int, help="instead: at most this many padded tokens per micro-batch")
     g.add_argument("--amp", choices=["auto", "bf16", "off"], default="auto", help="bf16 autocast of the trunk (LM "
                    "head fp32): auto = on a GPU with bf16; bf16 = also on a CPU (~1.6x faster with AVX512-BF16/AMX)")
     g = p.add_argument_group("distributed (torchrun, docs/distributed.md)")
-    g.add_argument("--fsdp", action="store_true", help="shard weights, gradients and AdamW state over the ranks "
-                   "(FSDP2) for a model whose full copy does not fit one GPU; the same update")
+    g.add_argument("--fsdp", action="store_true", help="shard weights, gradients, AdamW state over the ranks (FSDP2)")
     args = p.parse_args(argv)
     if args.epochs is None:
         args.epochs = 1 if args.algo == "sft" else 2
@@ -168,10 +151,9 @@ def resolve_paths(args):
         fail("give --iteration t (with --run DIR) or all of --policy, --rollouts and --out")
     if t is not None and t < 0:
         fail(f"--iteration must be >= 0, got {t}")
-    it = lambda k: run / f"iter_{k:03d}"
-    policy = Path(args.policy) if args.policy else (run / "init_policy" if t == 0 else it(t - 1) / "policy")
-    rollouts = Path(args.rollouts) if args.rollouts else it(t) / "rollouts.jsonl"
-    out = Path(args.out) if args.out else it(t) / "policy"
+    policy = Path(args.policy) if args.policy else iteration_policy(run, t)
+    rollouts = Path(args.rollouts) if args.rollouts else run / f"iter_{t:03d}" / "rollouts.jsonl"
+    out = Path(args.out) if args.out else run / f"iter_{t:03d}" / "policy"
     ref, why = ((Path(args.ref_policy), "--ref-policy") if args.ref_policy else
                 (run / "init_policy", "the run's initial policy") if t is not None and (run / "init_policy").exists()
                 else (policy, "the loaded policy itself: no --ref-policy and no --iteration"))
@@ -205,33 +187,15 @@ def check_inputs(args):
 
 
 def load_episodes(path, algo, vocab, min_reward=None):
-    """Validated episodes: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}]. Beyond the
-    record's fields (schemas.py): the flags' fields (grpo: reward, group_id; ppo: reward; --min-reward: reward), no
-    episode twice, no RL on greedy rollouts. SFT trains at temperature 1 whatever the record says."""
-    by = f"--algo {algo}" if algo != "sft" else "--min-reward"  # name only the flags given
-    need = {"grpo": ["reward", "group_id"], "ppo": ["reward"]}.get(algo, ["reward"] if min_reward is not None else [])
-    rows = load_rollouts(path, ROLLOUT_FIELDS, {"model_turns": "", **dict.fromkeys(need, f" (needed by {by})")},
-                         TRAIN_ROLLOUT, vocab)
-    if not rows:
-        fail(f"{path}: empty rollout file (no episodes)")
-    episodes, seen = [], {}
-    for ln, r in rows:
-        if algo != "sft" and r.get("temperature") == 0:
-            fail(f"{path}:{ln}: field 'temperature' is 0 (greedy): RL needs the sampling temperature (> 0)")
-        key = r.get("episode_id", json.dumps(r, sort_keys=True))
-        if key in seen:
-            fail(f"{path}:{ln}: episode {str(key)[:60]!r} repeats line {seen[key]} (a duplicate would count twice)")
-        seen[key] = ln
+    """The update batch: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}] of the records
+    schemas.load_train_rollouts accepts (its rules: the flags' fields, no greedy RL, no episode twice, --min-reward).
+    SFT trains at temperature 1 whatever the record says."""
+    episodes = []
+    for ln, r in load_train_rollouts(path, algo, vocab, min_reward):
         turns = [(t["prompt_ids"], t["completion_ids"], t.get("logprobs")) for t in r["model_turns"]]
         temp = 1.0 if algo == "sft" else float(r.get("temperature", 1.0))  # SFT, or none recorded: T = 1
         episodes.append(dict(turns=turns, reward=float(r.get("reward", 0.0)), group=r.get("group_id"), temp=temp,
                              line=ln, policy=r.get("policy"), sampler=r.get("sampler")))
-    if min_reward is not None:
-        episodes = [e for e in episodes if e["reward"] >= min_reward]
-        if not episodes:
-            fail(f"{path}: no episode has reward >= {min_reward} (--min-reward)")
-    if not any(c for e in episodes for _, c, _ in e["turns"]):
-        fail(f"{path}: no model turn with completion tokens (oracle rollouts need 04 --tokenizer)")
     return episodes
 
 
@@ -264,6 +228,9 @@ class Sequence:
     old_v: torch.Tensor = None  # V_old,t (PPO)
     ref_logp: torch.Tensor = None  # log pi_ref(y_t | s_t) (KL)
     tis_w: torch.Tensor = None  # truncated-IS weight w_t
+
+
+TOKEN_FIELDS = ("old_logp", "ref_logp", "old_v", "adv", "ret", "tis_w")  # per generated token, set before the update
 
 
 @dataclasses.dataclass
@@ -371,41 +338,12 @@ def ppo_advantages(seqs, rewards, gamma, lam, whiten=True):
 
 
 # ------------------------------------------------------------------------------- log-probs of a batch
-TOKEN_FIELDS = ("old_logp", "ref_logp", "old_v", "adv", "ret", "tis_w")  # per generated token, set before the update
-
-
-def collate(seqs, pad_id, device, fields=TOKEN_FIELDS):
-    """A micro-batch: the model's input (generation.token_batch: ids, the positions that predict the generated
-    tokens y_t, their temperatures) and the per-token values `fields` the sequences carry, in the order of y_t."""
-    batch = token_batch(seqs, pad_id, device)
-    for k in fields:
-        if getattr(seqs[0], k) is not None:
-            batch[k] = torch.cat([getattr(s, k) for s in seqs]).to(device)  # [N]
-    return batch
-
-
-@torch.no_grad()
 def sequence_logprobs(u, seqs, desc="log-probs"):
     """Per sequence, the log-probs [n] of its generated tokens under u.model's current weights, at the sequence's
-    temperature, and with a value head their values [n] (else None). -> (log-probs, values): two lists in the order
-    of `seqs`. Sequences run sorted by length (in file order the padding was 19-25% of the tokens, sorted ~1%)."""
-    u.model.eval()
-    by_length = sorted(seqs, key=lambda s: len(s.ids))
-    run = functools.partial(forward, u.model, u.vhead, amp=u.amp, chunk=u.chunk)
-
-    def score(mine):  # {id(sequence): (log-probs, values)} of the sequences this process scores (torchrun: its share)
-        scores, parts = {}, micro_batches(mine, u.args.micro_batch_size, u.args.micro_batch_tokens)
-        filler = lambda: run(collate(by_length[:1], u.pad_id, u.device, fields=()))  # noqa: E731
-        for part in tqdm(dist.padded(parts, filler), desc=desc, total=len(parts), leave=False,
-                         disable=len(parts) <= 4 or dist.rank > 0):
-            logp, _, v = run(collate(part, u.pad_id, u.device, fields=()))
-            sizes = [s.n for s in part]
-            for s, lp, vv in zip(part, logp.split(sizes), v.split(sizes) if v is not None else [None] * len(part)):
-                scores[id(s)] = (lp.float().cpu(), vv.float().cpu() if vv is not None else None)
-        return scores
-    scores = dist.scored(by_length, score, (u.model, u.vhead))
-    u.model.train()
-    return [scores[id(s)][0] for s in seqs], [scores[id(s)][1] for s in seqs]
+    temperature, and with a value head their values [n] (else None): generation.score_sequences, in this update's
+    micro-batches, each torchrun rank its share. -> (log-probs, values): two lists in the order of `seqs`"""
+    return score_sequences(u.model, u.vhead, seqs, u.pad_id, u.device, u.amp,
+                           (u.args.micro_batch_size, u.args.micro_batch_tokens), dist, desc, u.chunk)
 
 
 # ---------------------------------------------------------------------------------------- the objective
@@ -500,14 +438,11 @@ def old_policy_scores(u, episodes, trained, first_minibatch, ref, info):
     """Sets pi_old (the log-probs under the rollout's weights, this policy, at each episode's temperature), the old
     values (PPO), the TIS weights and pi_ref (KL) of the trained sequences. The rollout's own log-probs are not used
     as pi_old (docs/rl-cost.md: not bit-equal even on the hf fp32 path, and vLLM's differ by ~1e-2)."""
-    from transformers import AutoModelForCausalLM
     info["tis_cap"] = u.tis_cap
     # The first minibatch's shortcut (GRPO, one process): it trains at exactly the rollout's weights (no step yet,
     # dropout off, same sequences and temperature), so its own forward IS pi_old: micro_step takes pi_old from it,
-    # detached (ratio 1, as against a separate pass up to float noise). With 2 minibatches that halves the pi_old
-    # pass, ~7% of the update (tiny test model, 32 sequences: pi_old 0.034 -> 0.018 s, update ~0.30 -> ~0.27 s).
-    # PPO scores everything (GAE needs the old values before any step); so does torchrun (a rank would miss the
-    # pi_old of sequences another rank ran).
+    # detached. What it saves: docs/stages.md. PPO scores everything (GAE needs the old values before any step); so
+    # does torchrun (a rank would miss the pi_old of sequences another rank ran).
     shortcut = u.args.algo == "grpo" and dist.world == 1 and "score-all-old" not in u.variants
     first = {id(s) for s in first_minibatch} if shortcut else set()
     scored = [s for s in trained if id(s) not in first]
@@ -520,8 +455,7 @@ def old_policy_scores(u, episodes, trained, first_minibatch, ref, info):
         print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {u.tis_cap}) "
               f"({'--tis-cap' if u.args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
     if uses_kl(u.args) and not u.same_ref:
-        ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=torch.float32)
-        ref_model, _ = dist.placed(ref_model, None, u.device, trunk_and_head)
+        ref_model = load_reference(ref, u.device, dist.placed)
         ref_u = dataclasses.replace(u, model=ref_model, vhead=None)
         for s, lp in zip(trained, sequence_logprobs(ref_u, trained, "ref log-probs")[0]):
             s.ref_logp = lp
@@ -547,6 +481,7 @@ def warn(msg):
 
 # ------------------------------------------------------------------------------- one minibatch's gradient
 LOG_TERMS = ("loss", "pg_loss", "value_loss", "kl", "clip_frac", "approx_kl", "entropy")  # summed over micro-batches
+INFO_LOGGED = ("zero_var_group_share", "logprob_mismatch", "trained_sequences", "tis_cap")  # batch facts in every row
 
 
 def accumulate(u, minibatch):
@@ -563,8 +498,8 @@ def accumulate(u, minibatch):
     n_act, n_signal = dist.all_sum([sum(s.n for s in run), sum(has_signal(u, s) for s in mine)])
     n_act = max(1, n_act)
     m = dict.fromkeys(LOG_TERMS, 0.0) | dict(tokens=n_b, seq_tokens=0, signal_sequences=int(n_signal))
-    filler = lambda: forward(u.model, u.vhead, collate(  # noqa: E731  (torchrun --fsdp: a zero-weight micro-batch)
-        [min((s for s in minibatch if trains(u, s)), key=lambda s: len(s.ids))], u.pad_id, u.device, ()), u.amp)
+    filler = lambda: forward(u.model, u.vhead, token_batch(  # noqa: E731  (torchrun --fsdp: a zero-weight micro-batch)
+        [min((s for s in minibatch if trains(u, s)), key=lambda s: len(s.ids))], u.pad_id, u.device), u.amp)
     for mb in dist.padded(micro, filler):
         micro_step(u, mb, n_b, n_act, m)
     m = dist.summed_log(m, rank_tokens, u.tis_cap)
@@ -576,13 +511,12 @@ def accumulate(u, minibatch):
 def micro_step(u, mb, n_b, n_act, m):
     """Forward and backward of one micro-batch `mb` (its gradients add to .grad); its share of each logged term
     added to the minibatch's row m."""
-    b = collate(mb, u.pad_id, u.device)
+    b = token_batch(mb, u.pad_id, u.device, TOKEN_FIELDS)
     logp, ent, v = forward(u.model, u.vhead, b, u.amp, entropy=u.args.ent_coef > 0, chunk=u.chunk)
     if u.args.algo != "sft" and "old_logp" not in b:  # the first minibatch's shortcut (old_policy_scores):
         for s, lp in zip(mb, logp.detach().split([s.n for s in mb])):  # pi_old is this forward, detached
             set_pi_old(u, s, lp.float().cpu())
-        b.update({k: torch.cat([getattr(s, k) for s in mb]).to(u.device) for k in ("old_logp", "tis_w", "ref_logp")
-                  if getattr(mb[0], k) is not None})
+        b.update(token_fields(mb, u.device, ("old_logp", "tis_w", "ref_logp")))
     loss, pg_loss, kl, v_loss, ratio = objective(logp, ent, v, b, u.args, n_b)
     loss.backward()
     with torch.no_grad():
@@ -631,8 +565,7 @@ def update(u, opt, epochs, trained, info, warnings):
             dt = time.time() - ts
             m.update(step=len(log), epoch=epoch, grad_norm=math.hypot(*norms), pg_grad_norm=norms[0],
                      reward_mean=info["reward_mean"], tokens_per_s=m["seq_tokens"] / dt, step_s=dt)
-            m.update({k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences", "tis_cap")
-                      if k in info})
+            m.update({k: info[k] for k in INFO_LOGGED if k in info})
             if u.args.algo == "ppo":
                 m["vf_grad_norm"] = norms[1]
             else:
@@ -645,17 +578,6 @@ def update(u, opt, epochs, trained, info, warnings):
 
 
 # -------------------------------------------------------------------------- the stage's steps, in order
-def load_policy(args, policy, device, probe_ids):
-    """The policy (fp32 master weights, training mode without dropout), its tokenizer, the pad id and, for PPO, the
-    value head V(s_t) = w . h_t + b (generation.load_for_training); refused where its logits are not 05's (check_head).
-    -> (tok, model, vhead or None, pad_id)"""
-    tok, model, vhead, pad_id = load_for_training(policy, device, value_head=args.algo == "ppo")
-    check_head(model, probe_ids, policy)
-    # on the device (torchrun --fsdp: sharded over the ranks, per decoder layer + root, the value head its own root)
-    model, vhead = dist.placed(model, vhead, device, trunk_and_head)
-    return tok, model, vhead, pad_id
-
-
 def prepare_batch(u, episodes, seqs, ref, shuffle_gen):
     """Before any step: the advantages (GRPO: per episode; PPO: GAE per token, after the old values), the sequences
     that train, the minibatches and, for RL, pi_old (+ TIS weights, ref log-probs).
@@ -731,9 +653,9 @@ def run_stage(args):
     shuffle_gen = torch.Generator().manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     amp = bf16_autocast(args.amp, device)  # of the trunk (the LM head stays fp32); GPU: gradient checkpointing too
-    # ---- load the policy; the sequences
+    # ---- load the policy (+ PPO's value head), refused where its logits are not 05's; the sequences
     probe = next(p + c for e in episodes for p, c, _ in e["turns"] if c)
-    tok, model, vhead, pad_id = load_policy(args, policy, device, probe)
+    tok, model, vhead, pad_id = load_for_training(policy, device, args.algo == "ppo", probe, dist.placed)
     seqs = build_sequences(episodes, merge="no-merge-turns" not in variants)
     u = Context(args, model, vhead, pad_id, device, amp, tis_cap=tis_cap_for(args, episodes),
                 same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), variants=variants, chunk=LOGIT_CHUNK)
@@ -764,8 +686,7 @@ def run_stage(args):
         return None
     print(f"[05] {args.algo}: {info['episodes']} episodes, {info['sequences']} sequences "
           f"({info['turns']} turns), {info['gen_tokens']} generated tokens, reward mean {info['reward_mean']:.3f}")
-    extra = {k: info[k] for k in ("zero_var_group_share", "logprob_mismatch", "trained_sequences", "tis_cap")
-             if k in info}
+    extra = {k: info[k] for k in INFO_LOGGED if k in info}
     print(f"[05] {info['optimizer_steps']} optimizer steps of {len(log)} minibatches in {update_s:.1f} s "
           f"(+{prep_s:.1f} s old log-probs), loss {log[0]['loss']:.4f} -> {log[-1]['loss']:.4f} {extra} "
           f"seed {args.seed} -> {out}")

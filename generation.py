@@ -25,8 +25,10 @@ only appended (None otherwise: re-render with encode).
 enforce_eager (None = on for CPU), max_model_len, gpu_memory_utilization (GPU), tensor_parallel_size.
 
 The policy in training (05): check_policy_folder, bf16_autocast, load_for_training (fp32, dropout off, PPO's value
-head), check_head, forward (the log-probs of the generated tokens through a chunked LM head, values, entropies),
-token_batch and micro_batches, load_optimizer / save_checkpoint (the folder 05 writes and the next update reads).
+head, check_head, placed on the device) and load_reference (the KL's), forward (the log-probs of the generated tokens
+through a chunked LM head, values, entropies), token_batch and micro_batches, score_sequences (log-probs without
+gradients: pi_old, pi_ref), load_optimizer / save_checkpoint (the folder 05 writes and the next update reads). Where
+torchrun splits the work, 05 passes its `dist` hooks in (placed, ranks, shards); generation.py never imports them.
 """
 import functools
 import hashlib
@@ -399,8 +401,9 @@ def scripted_reply(text, tok):
 
 # ----------------------------------------------------------------------------- the policy in training (05)
 # 05's model plumbing: a checkpoint loaded to train, the log-probs of chosen tokens (a chunked LM head), micro-
-# batches, the checkpoint written back. What is RL (the sequences, advantages, pi_old, the objective, the update
-# loop) stays in 05. torch is imported inside each function: 04 without a tokenizer never loads it.
+# batches, the checkpoint written back. What is RL (the sequences, advantages, what pi_old is and where it comes
+# from, the objective, the update loop) stays in 05. torch is imported inside each function: 04 without a tokenizer
+# never loads it.
 LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk: an fp32 [1024, 151,936] tensor is 0.6 GB
 
 
@@ -420,10 +423,12 @@ def bf16_autocast(amp, device):
     return on
 
 
-def load_for_training(path, device, value_head=False):
-    """A policy checkpoint to train: its tokenizer, the model (fp32 master weights, on the CPU until 05 places it,
-    training mode without dropout, gradient checkpointing on a GPU), the pad id and, with value_head (PPO), the
-    value head V(s_t) = w . h_t + b on the last hidden state: zeros at first, or value_head.pt saved beside it.
+def load_for_training(path, device, value_head=False, probe_ids=None, placed=None):
+    """A policy checkpoint to train: its tokenizer, the model (fp32 master weights, training mode without dropout,
+    gradient checkpointing on a GPU), the pad id and, with value_head (PPO), the value head V(s_t) = w . h_t + b on the
+    last hidden state: zeros at first, or value_head.pt saved beside it. probe_ids (token ids of the batch): refused
+    where its logits are not 05's (check_head). placed(model, vhead, device, trunk_and_head) -> both on the device
+    (05's dist; torchrun --fsdp: sharded over the ranks); without it the model stays on the CPU.
     -> (tok, model, vhead or None, pad_id)"""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -438,7 +443,19 @@ def load_for_training(path, device, value_head=False):
         torch.nn.init.zeros_(vhead.bias)
         if (Path(path) / "value_head.pt").is_file():
             vhead.load_state_dict(torch.load(Path(path) / "value_head.pt", map_location=device))
+    if probe_ids is not None:
+        check_head(model, probe_ids, path)
+    if placed is not None:
+        model, vhead = placed(model, vhead, device, trunk_and_head)
     return tok, model, vhead, pad_id
+
+
+def load_reference(path, device, placed):
+    """The KL's reference policy: fp32, never trained, placed on the device as the policy is (05's dist.placed)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return placed(model, None, device, trunk_and_head)[0]
 
 
 def train_mode(model, grad_ckpt):
@@ -476,10 +493,11 @@ def check_head(model, ids, where):
              f"log-prob difference {err:.2g}; known: Gemma-2 soft-capping, Cohere logit_scale, Granite logits_scaling)")
 
 
-def token_batch(seqs, pad_id, device):
+def token_batch(seqs, pad_id, device, fields=()):
     """Right-padded input ids [B, L] of sequences (05's Sequence: ids, mask M_t, n = sum(mask), temp). `sel` marks
     the positions whose *next* token is a generated one: the logits there predict y_t, so sel is the mask M_t
-    shifted by one. tgt: those tokens y_t [N], row-major; temp: each one's sampling temperature [N]."""
+    shifted by one. tgt: those tokens y_t [N], row-major; temp: each one's sampling temperature [N]; and each of
+    `fields` the sequences carry per generated token ([n] each, e.g. 05's old_logp, adv) as one [N] tensor."""
     import torch
     L = max(len(s.ids) for s in seqs)
     inp = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
@@ -490,7 +508,13 @@ def token_batch(seqs, pad_id, device):
     tgt = inp[:, 1:][sel[:, :-1]]  # [N] the generated tokens y_t, row-major order
     temp = torch.cat([torch.full((s.n,), s.temp) for s in seqs])  # [N]
     return dict(inp=inp.to(device), sel=sel.to(device), tgt=tgt.to(device), temp=temp.to(device),
-                tokens=sum(len(s.ids) for s in seqs))
+                tokens=sum(len(s.ids) for s in seqs), **token_fields(seqs, device, fields))
+
+
+def token_fields(seqs, device, fields):
+    """{field: [N]} for each of `fields` the sequences carry per generated token ([n] each), in the order of y_t."""
+    import torch
+    return {k: torch.cat([getattr(s, k) for s in seqs]).to(device) for k in fields if getattr(seqs[0], k) is not None}
 
 
 def lm_head(model, h):
@@ -547,6 +571,35 @@ def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
     h, logp, ent = run(batch, amp, entropy, chunk)
     v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
     return logp, ent, v
+
+
+def score_sequences(model, vhead, seqs, pad_id, device, amp, micro, ranks, desc="log-probs", chunk=LOGIT_CHUNK):
+    """Per sequence, the log-probs [n] of its generated tokens under the model's current weights, at the sequence's
+    temperature, and with a value head their values [n] (else None), without gradients. -> (log-probs, values): two
+    lists in the order of `seqs`. Sequences run sorted by length (in file order the padding was 19-25% of the tokens,
+    sorted ~1%), in micro_batches(sorted, *micro). ranks: 05's dist (its one-process stand-in, or distributed.py:
+    each rank scores its share, padded to the busiest rank's count under --fsdp, then all receive all scores)."""
+    import torch
+    from tqdm import tqdm
+    model.eval()
+    by_length = sorted(seqs, key=lambda s: len(s.ids))
+
+    def run(part):
+        return forward(model, vhead, token_batch(part, pad_id, device), amp, chunk=chunk)
+
+    def score(mine):  # {id(sequence): (log-probs, values)} of the sequences this process scores (torchrun: its share)
+        scores, parts = {}, micro_batches(mine, *micro)
+        for part in tqdm(ranks.padded(parts, lambda: run(by_length[:1])), desc=desc, total=len(parts), leave=False,
+                         disable=len(parts) <= 4 or ranks.rank > 0):
+            logp, _, v = run(part)
+            sizes = [s.n for s in part]
+            for s, lp, vv in zip(part, logp.split(sizes), v.split(sizes) if v is not None else [None] * len(part)):
+                scores[id(s)] = (lp.float().cpu(), vv.float().cpu() if vv is not None else None)
+        return scores
+    with torch.no_grad():
+        scores = ranks.scored(by_length, score, (model, vhead))
+    model.train()
+    return [scores[id(s)][0] for s in seqs], [scores[id(s)][1] for s in seqs]
 
 
 def micro_batches(seqs, size=8, tokens=None):

@@ -10,6 +10,7 @@ lines may repeat inside a stage; anything over ~10 lines that two files need liv
     seed_everything(seed)        random, numpy, torch (CPU and CUDA) from one seed
     with locked(run / "run.lock"):   one writer per run folder (a pid file created exclusively)
     run_child(cmd)               start a child stage, pass SIGINT / SIGTERM on to it, wait for it
+    iteration_policy(run, t)     the checkpoint iteration t samples with (04) and updates (05)
 
 Error messages name the place as `path:line: field '...': what is wrong`, the way compilers do.
 """
@@ -56,7 +57,8 @@ def jsonl_text(records):
 # A lone UTF-16 surrogate ("\ud800" written as an ASCII escape in JSON) is not text: it cannot be written as UTF-8
 # nor tokenized. In a model's reply it is replaced (safe_text); in an input file it is bad input (read_jsonl).
 def safe_text(s):
-    """s itself if it is valid text; otherwise a copy where a surrogate pair becomes its character, a lone one U+FFFD."""
+    """s itself if it is valid text; otherwise a copy where a surrogate pair becomes its character, a lone one
+    U+FFFD."""
     try:
         s.encode("utf-8")
         return s
@@ -130,6 +132,13 @@ def seed_everything(seed):
         sys.modules["numpy"].random.seed(seed)
     if "torch" in sys.modules:  # the oracle never imports torch, and stays fast
         sys.modules["torch"].manual_seed(seed)  # seeds CUDA too
+
+
+# ----------------------------------------------------------------------------- the run folder
+def iteration_policy(run, t):
+    """The policy iteration t samples with (04) and updates (05): RUN/init_policy at t = 0, else the policy 05 wrote
+    in iteration t - 1, RUN/iter_{t-1:03d}/policy."""
+    return Path(run) / ("init_policy" if t == 0 else f"iter_{t - 1:03d}/policy")
 
 
 # ----------------------------------------------------------------------------- one writer per run folder

@@ -13,8 +13,9 @@ the first bad field, through plumbing.fail (exit 2), with the place first, the w
     ROLLOUT      an episode record, as 04 writes it (05 trains on it, 06 evaluates it; TRAIN_ROLLOUT: 05's reading)
 
 The readers at the end (load_tasks, load_harness_file, load_run_harnesses, harness_pool, select_harnesses,
-load_assignment, load_rollouts) add the rules that span records: ids unique, ids that name a task or a harness of the
-run, token ids inside the policy's vocabulary. Every message names the file and line (`path:line:`).
+load_assignment, load_rollouts, load_train_rollouts) add the rules that span records: ids unique, ids that name a task
+or a harness of the run, token ids inside the policy's vocabulary, an update batch's rules (05). Every message names
+the file and line (`path:line:`).
 """
 import json
 import math
@@ -314,4 +315,36 @@ def load_rollouts(path, fields, need=None, table=ROLLOUT, vocab=None):
         check_record(r, checked, f"{path}:{n}", why=need)
         if vocab is not None and "model_turns" in r:
             check_model_turns(r["model_turns"], f"{path}:{n}", vocab)
+    return rows
+
+
+# 05's reading: the fields it trains on; which of them a record must hold depends on the flags
+TRAIN_FIELDS = ["model_turns", "reward", "group_id", "temperature", "episode_id", "policy", "sampler"]
+
+
+def load_train_rollouts(path, algo, vocab, min_reward=None):
+    """[(line, record)] of the rollouts one update of 05 trains on (`algo`: grpo, ppo or sft): TRAIN_FIELDS checked
+    against TRAIN_ROLLOUT, model_turns token by token, and the rules of an update batch: the fields the flags need
+    (grpo: reward and group_id; ppo: reward; --min-reward: reward), not empty, no RL on greedy rollouts (temperature
+    0), no episode twice, with min_reward only the records whose reward reaches it, some completion tokens."""
+    by = f"--algo {algo}" if algo != "sft" else "--min-reward"  # name only the flags given
+    need = {"grpo": ["reward", "group_id"], "ppo": ["reward"]}.get(algo, ["reward"] if min_reward is not None else [])
+    rows = load_rollouts(path, TRAIN_FIELDS, {"model_turns": "", **dict.fromkeys(need, f" (needed by {by})")},
+                         TRAIN_ROLLOUT, vocab)
+    if not rows:
+        fail(f"{path}: empty rollout file (no episodes)")
+    seen = {}
+    for ln, r in rows:
+        if algo != "sft" and r.get("temperature") == 0:
+            fail(f"{path}:{ln}: field 'temperature' is 0 (greedy): RL needs the sampling temperature (> 0)")
+        key = r.get("episode_id", json.dumps(r, sort_keys=True))
+        if key in seen:
+            fail(f"{path}:{ln}: episode {str(key)[:60]!r} repeats line {seen[key]} (a duplicate would count twice)")
+        seen[key] = ln
+    if min_reward is not None:
+        rows = [(ln, r) for ln, r in rows if float(r.get("reward", 0.0)) >= min_reward]
+        if not rows:
+            fail(f"{path}: no episode has reward >= {min_reward} (--min-reward)")
+    if not any(t["completion_ids"] for _, r in rows for t in r["model_turns"]):
+        fail(f"{path}: no model turn with completion tokens (oracle rollouts need 04 --tokenizer)")
     return rows

@@ -9,8 +9,9 @@ in one run, with the same flags; and the gpu preset's peak LM-head / activation 
     python bench/bench_update.py --memory [--logit-chunk 1024] [--micro-batch-tokens 32768]
 
 Each version runs in its own process (one after the other, never two at once) through a small runner that
-imports that 05_train.py by path and counts, in its `collate`, the token positions the trunk runs (padded) and
-the completion tokens that carry a loss in the update (those collated inside `accumulate`): "tokens processed per
+imports that 05_train.py by path and counts, in each token batch it builds (generation.token_batch, or an older 05's
+`collate`), the token positions the trunk runs (padded) and the completion tokens that carry a loss in the update
+(those batched inside `accumulate`): "tokens processed per
 loss token" = all positions run (old log-probs, reference, update) / loss tokens of the update. Reported: wall
 time of 05's main(), its prep_s / update_s, the ratio before / after, and both counts. The policy is never
 written over: each version writes to its own temporary --out. Needs a git checkout (for --rev).
@@ -34,23 +35,30 @@ spec = importlib.util.spec_from_file_location("stage05_bench", path)
 mod = importlib.util.module_from_spec(spec)
 sys.modules["stage05_bench"] = mod
 spec.loader.exec_module(mod)
+import generation
 stats = dict(processed=0, loss_tokens=0, collates=0)
 inside = [False]
-collate, accumulate = mod.collate, mod.accumulate
-def counting_collate(*a, **k):
-    b = collate(*a, **k)
-    stats["processed"] += b["inp"].numel()  # padded positions the trunk runs
-    stats["collates"] += 1
-    if inside[0]:
-        stats["loss_tokens"] += b["tgt"].numel()
-    return b
+accumulate = mod.accumulate
+def counting(collate):
+    def counted(*a, **k):
+        b = collate(*a, **k)
+        stats["processed"] += b["inp"].numel()  # padded positions the trunk runs
+        stats["collates"] += 1
+        if inside[0]:
+            stats["loss_tokens"] += b["tgt"].numel()
+        return b
+    return counted
+if hasattr(mod, "collate"):  # a 05 with its own collate
+    mod.collate = counting(mod.collate)
+else:  # 05 and generation.score_sequences batch with generation.token_batch
+    generation.token_batch = mod.token_batch = counting(generation.token_batch)
 def counting_accumulate(*a, **k):
     inside[0] = True
     try:
         return accumulate(*a, **k)
     finally:
         inside[0] = False
-mod.collate, mod.accumulate = counting_collate, counting_accumulate
+mod.accumulate = counting_accumulate
 t = time.perf_counter()
 summary = mod.main(argv)
 stats["wall_s"] = time.perf_counter() - t

@@ -20,7 +20,7 @@ def batch_of(model, recs, temp=0.7):
     seqs = T05.build_sequences(as_episodes(recs))
     for s in seqs:
         s.temp = temp
-    return seqs, T05.collate(seqs, 0, "cpu")
+    return seqs, G.token_batch(seqs, 0, "cpu", T05.TOKEN_FIELDS)
 
 
 def today_forward(model, b):
@@ -64,7 +64,7 @@ def test_chunked_loss_equals_todays_formula(tiny):
         s.ref_logp = s.old_logp - 0.1
     args = args_for("--kl-coef", "0.1", "--ent-coef", "0.01", "--micro-batch-size", "2")
     m = T05.accumulate(T05.Context(args, model, None, 0, "cpu", False, chunk=3), seqs)  # LM head in chunks of 3
-    b = T05.collate(sorted(seqs, key=lambda s: len(s.ids)), 0, "cpu")
+    b = G.token_batch(sorted(seqs, key=lambda s: len(s.ids)), 0, "cpu", T05.TOKEN_FIELDS)
     with torch.no_grad():
         logp, ent = today_forward(model, b)
         n_b = b["tgt"].numel()

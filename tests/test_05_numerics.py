@@ -32,7 +32,7 @@ def batch(n=4, vocab=300, seed=0):
     for _ in range(n):
         p, c = [rng.randrange(3, vocab) for _ in range(rng.randint(5, 12))], [rng.randrange(3, vocab) for _ in range(6)]
         seqs.append(T05.Sequence(ids=p + c, mask=[0] * len(p) + [1] * len(c), ep=0, temp=1.0, n=len(c)))
-    return seqs, T05.collate(seqs, 0, "cpu")
+    return seqs, G.token_batch(seqs, 0, "cpu", T05.TOKEN_FIELDS)
 
 
 def full_logp(model, seqs, scale=True):

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import random
 
+import generation as G
 import numpy as np
 import pytest
 import torch
@@ -158,7 +159,7 @@ def test_sequences_mask_exactly_the_completions():
     for s, t in zip(seqs, [t for r in recs for t in r["model_turns"]]):
         assert s.ids == t["prompt_ids"] + t["completion_ids"]
         assert s.mask == [0] * len(t["prompt_ids"]) + [1] * len(t["completion_ids"])
-        b = T05.collate([s], 0, "cpu")
+        b = G.token_batch([s], 0, "cpu", T05.TOKEN_FIELDS)
         assert b["tgt"].tolist() == t["completion_ids"]
 
 
