@@ -63,9 +63,11 @@ PRESETS = {
     # CPU, no network: the tiny locally built model. Figures: docs/results.md; the toy run is the smoke test (its RL does not learn).
     # max_new_tokens: each preset's budget holds the oracle's longest reply in its tokenizer + 17 (toy 88 tokens,
     # SmolLM2 74, any byte-level BPE <= 159 bytes; tests/test_reply_budget.py)
+    # tiny max_len: the toy model's positions; 2,048 hold pydantic-ai's first prompt (~1,300 toy tokens: tools in the
+    # system turn) and a few turns, so the black-box methods run there; smolagents' (2,700-3,800) do not fit
     "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
                 temperature=1.0, max_turns=6, max_new_tokens=112, algo="grpo", lr=3e-4, k=3, ppo_epochs=2,
-                tiny=dict(layers=2, dim=128, heads=8), sft_tasks=160, sft_epochs=8, sft_lr=3e-3,
+                tiny=dict(layers=2, dim=128, heads=8, max_len=2048), sft_tasks=160, sft_epochs=8, sft_lr=3e-3,
                 eval_tasks=40, eval_heldout=6, framework_tasks={"smolagents-native": 8, "pydantic-ai": 8,
                                                                 "smolagents": 8},
                 amp="auto", curve_every=0, curve_tasks=12, seed=0),
@@ -204,7 +206,7 @@ def settings(args):
         layers, dim, heads = map(int, parts)
         if dim % heads:
             fail(f"--tiny-size {args.tiny_size}: DIM ({dim}) must be a multiple of HEADS ({heads})")
-        cfg["tiny"] = dict(layers=layers, dim=dim, heads=heads)
+        cfg["tiny"] = dict(layers=layers, dim=dim, heads=heads, max_len=(cfg["tiny"] or {}).get("max_len", 1024))
     try:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [cfg["seed"]]
     except ValueError:
@@ -366,6 +368,7 @@ def warm_start(cfg, args, ws, train_tasks):
         tiny = cfg["tiny"]
         step("ws-init-tiny", ws / "base", ["data/tiny_model.py", "--out", ws / "base", "--seed", key["seed"],
                                            "--layers", tiny["layers"], "--dim", tiny["dim"], "--heads", tiny["heads"],
+                                           "--max-len", tiny.get("max_len", 1024),
                                            "--corpus", ws / "demos_text.jsonl", train_tasks], args)
     elif cfg["model"] == "smollm2":
         step("ws-get-model", ws / "base", ["data/get_model.py", "--out", ws / "base"], args)
