@@ -50,7 +50,7 @@ import sys
 import time
 from pathlib import Path
 
-from plumbing import fail, jsonl_text, locked, read_jsonl, run_child, write_atomic
+from plumbing import fail, iteration_policy, jsonl_text, locked, read_jsonl, run_child, write_atomic
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -448,7 +448,7 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
               "--lr", cfg["lr"], "--seed", seed + t, "--epochs", cfg["ppo_epochs"]], args, log)
         # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
         (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
-    return run / f"iter_{cfg['iterations'] - 1:03d}" / "policy" if cfg["iterations"] else run / "init_policy"
+    return iteration_policy(run, cfg["iterations"])  # the policy after the last iteration
 
 
 def trained_inside(method):
@@ -474,7 +474,7 @@ def evaluate(cfg, args, run, label, policy, vllm_flags, eval_set=None, trained_i
 # ----------------------------------------------------------------------------- the transfer curve
 def checkpoint_after(run, n):
     """The policy after n RL iterations (0: the warm start)."""
-    return run / "init_policy" if n == 0 else run / f"iter_{n - 1:03d}" / "policy"
+    return iteration_policy(run, n)
 
 
 def curve(cfg, args, run, tasks, eval_set, vllm_flags):
