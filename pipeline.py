@@ -147,7 +147,6 @@ def parse_args(argv=None):
     g.add_argument("--framework-tasks", metavar="N|NAME=N[,...]", help="06's framework columns (NAME: "
                    "smolagents-native, pydantic-ai, smolagents) on the first N test tasks; a bare N sets all three, "
                    "0 leaves a column out, e.g. 8,smolagents=0")
-    g.add_argument("--smolagents-tasks", type=int, help="the same as --framework-tasks smolagents=N")
     g.add_argument("--curve-every", type=int, help="experiments: the transfer curve's checkpoints every K iterations "
                    "(0: none)")
     g.add_argument("--curve-tasks", type=int, help="experiments: the transfer curve's test tasks (the first N)")
@@ -230,13 +229,9 @@ def settings(args):
 
 
 def framework_tasks(args, preset):
-    """06's framework columns -> {name: N}: the preset's, then --smolagents-tasks, then --framework-tasks (06's
-    grammar: N or NAME=N items, a bare N for every column, 0 leaves a column out)."""
+    """06's framework columns -> {name: N}: the preset's, then --framework-tasks (06's grammar: N or NAME=N items,
+    a bare N for every column, 0 leaves a column out), checked here before anything runs."""
     counts = dict(preset)
-    if args.smolagents_tasks is not None:
-        if args.smolagents_tasks < 0:
-            fail(f"--smolagents-tasks {args.smolagents_tasks}: must be >= 0")
-        counts["smolagents"] = args.smolagents_tasks
     for item in filter(None, (x.strip() for x in (args.framework_tasks or "").split(","))):
         name, _, n = item.rpartition("=")
         if (name and name not in preset) or not n.isdigit():

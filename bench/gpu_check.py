@@ -62,13 +62,13 @@ SIZES = {
                  rollout=dict(tasks=4, group=8, turns=8, tokens=256),
                  pipeline=["--iterations", 3, "--tasks-per-iteration", 2, "--group-size", 2, "--eval-tasks", 3,
                            "--eval-heldout", 3, "--sft-tasks", 2, "--sft-epochs", 1, "--tiny-size", "1,32,2",
-                           "--max-new-tokens", 48, "--smolagents-tasks", 0],
+                           "--max-new-tokens", 48, "--framework-tasks", 0],
                  pytest=["tests/test_05_numerics.py", "tests/test_05_cost.py"]),
     "cpu": dict(episodes=16, group=4, turns=3, prompt=40, tool=12, completion=16, mb_tokens=256,
                 rollout=dict(tasks=2, group=2, turns=2, tokens=16),
                 pipeline=["--iterations", 1, "--tasks-per-iteration", 2, "--group-size", 2, "--eval-tasks", 1,
                           "--eval-heldout", 1, "--sft-tasks", 1, "--sft-epochs", 1, "--tiny-size", "1,32,2",
-                          "--max-new-tokens", 16, "--smolagents-tasks", 0, "--stop-after", "06-untrained"],
+                          "--max-new-tokens", 16, "--framework-tasks", 0, "--stop-after", "06-untrained"],
                 pytest=["tests/test_05_numerics.py"]),
 }
 TIMEOUTS = dict(train=240, rollout=240, pipeline=240, pytest_05=180, torchrun=120)

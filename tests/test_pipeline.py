@@ -133,7 +133,7 @@ def test_blackbox_methods_train_and_are_scored_inside_the_frameworks(tmp_path, m
     assert flag(bb, "--trained-in") == "X-pydantic-ai" and "--trained-in" not in hs
     assert flag(bb, "--framework-tasks") == flag(hs, "--framework-tasks") == \
         "smolagents-native=8,pydantic-ai=8,smolagents=8"
-    args = pipe.parse_args(["--framework-tasks", "2,smolagents=0", "--smolagents-tasks", "5"])
+    args = pipe.parse_args(["--framework-tasks", "2,smolagents=0"])
     assert pipe.settings(args)["framework_tasks"] == {"smolagents-native": 2, "pydantic-ai": 2, "smolagents": 0}
     bad = run_stage("pipeline.py", "--run", tmp_path / "r", "--framework-tasks", "native=2", check=False)
     assert bad.returncode == 2 and "--framework-tasks 'native=2': item 'native=2'" in bad.stderr
@@ -173,8 +173,8 @@ def test_experiment_main_from_one_command(tmp_path):
     exp = tmp_path / "exp"
     args = ["--experiment", "main", "--run", exp, "--max-new-tokens", 48, "--sft-tasks", 2, "--sft-epochs", 1,
             "--tiny-size", "1,32,2", "--iterations", 3, "--tasks-per-iteration", 2, "--group-size", 2,
-            "--eval-tasks", 3, "--eval-heldout", 3, "--smolagents-tasks", 0, "--framework-tasks",
-            "smolagents-native=2,pydantic-ai=2", "--curve-every", 2, "--curve-tasks", 2]
+            "--eval-tasks", 3, "--eval-heldout", 3, "--framework-tasks",
+            "smolagents-native=2,pydantic-ai=2,smolagents=0", "--curve-every", 2, "--curve-tasks", 2]
     run_stage("pipeline.py", *args, timeout=1200)
     comp = json.loads((exp / "comparison.json").read_text())
     rows = {r["name"]: r for r in comp["rows"]}
@@ -196,7 +196,7 @@ def test_experiment_main_from_one_command(tmp_path):
             assert pairs == {(t, h) for t in tasks["single"] for h in eval_ids}
         assert r["splits"]["external"]["pairs"] == 3 * 2  # X-shell and X-react: no row trained in them
         assert r["splits"]["smolagents-native"]["pairs"] == r["splits"]["pydantic-ai"]["pairs"] == 2
-        assert "smolagents" not in r["splits"]  # --smolagents-tasks 0
+        assert "smolagents" not in r["splits"]  # --framework-tasks smolagents=0
         assert not r["splits"]["smolagents-native"]["trained_in"]  # nothing trains in the Claude Code column
         assert r["splits"]["pydantic-ai"]["trained_in"] == r["name"].startswith("blackbox")
         if r["name"] != "harness-scaling":  # an interval, or 'identical' (never a zero-width interval)
