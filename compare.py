@@ -35,7 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from intervals import bootstrap_ci, fmt, min_detectable, pair_means, pass1_ci, sign_test, task_means
+from ledger import compute_of, read_records
 from plumbing import fail, locked, read_json, read_jsonl, write_atomic
+from transfer_curve import transfer_curve
 
 # the columns, as 06 writes them (RUN/eval/<label>/<split>.jsonl): Base, In-Space, the framework columns with
 # native tool calls, the unseen-call-syntax columns; a framework column's harness id is its bridge's
@@ -55,11 +57,23 @@ CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*)
            "trials (Korn-Graubard; coverage checked by simulation, docs/metrics.md).")
 
 
+# The tables a ledger makes (--ledger): name -> (reference row, rows), each a method's records (ledger.py); a table
+# is written once its reference and one more row have records. The policy before SFT is "untrained" (toy: random
+# weights) or "zero-shot" (a pretrained model); "+ppo": the method trained with 05 --algo ppo.
+TABLES = {"main": ("harness-scaling", ["untrained", "zero-shot", "warm-start", "harness-scaling", "single",
+                                       "blackbox-sft", "blackbox-rl"]),
+          "selection": ("harness-scaling", ["harness-scaling", "random18"]),
+          "assignment": ("harness-scaling", ["harness-scaling", "random-assign"]),
+          "k": ("harness-scaling", ["k1", "harness-scaling", "k5"]),
+          "ppo": ("harness-scaling+ppo", ["harness-scaling+ppo", "single+ppo", "harness-scaling", "single"])}
+CURVE_ROWS = ["harness-scaling", "single"]  # the transfer curve's lines (their records carry curve/)
+
+
 # ----------------------------------------------------------------------------- Args
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     g = p.add_argument_group("the rows")
-    g.add_argument("items", nargs="+", metavar="ITEM",
+    g.add_argument("items", nargs="*", metavar="ITEM",
                    help="RUN (one row per label of its eval_summary.json) or [NAME=]EVALDIR[,EVALDIR...] "
                         "(RUN/eval/LABEL folders; several = seed replicates of one method, one row)")
     g.add_argument("--reference", default=None, help="the row the paired differences are taken to "
@@ -72,7 +86,14 @@ def parse_args(argv=None):
     g.add_argument("--experiment", default=None, metavar="EXP",
                    help="an experiment folder of pipeline.py: add what each of its methods spent, and its settings")
     g.add_argument("--out", default=None, metavar="PREFIX", help="also write PREFIX.md and PREFIX.json")
-    return p.parse_args(argv)
+    g.add_argument("--ledger", default=None, metavar="LEDGER", help="instead of ITEMs: every table of a results "
+                   "ledger (ledger.py) from its records alone, PREFIX-<table>.{md,json} and PREFIX-transfer_curve.*")
+    args = p.parse_args(argv)
+    if bool(args.items) == bool(args.ledger):
+        p.error("give ITEMs or --ledger LEDGER (with --out PREFIX), not both")
+    if args.ledger and not args.out:
+        p.error("--ledger needs --out PREFIX (where the tables go)")
+    return args
 
 
 def levels_of(harness_id):
@@ -178,30 +199,38 @@ def ground_difference(a_name, a, b_name, b, splits):
                 return msg
     return None
 
-def compare(args):
+def table(items, reference, args):
     """One table across policies on common ground (the same tasks, harnesses, samples and settings in every row),
-    with paired differences of pass@1 to a reference row; with --experiment, what each method spent."""
-    rows = compare_rows(args.items)
-    runs, settings = experiment_runs(Path(args.experiment).resolve()) if args.experiment else (None, None)
-    rows, splits, excluded = common_ground(rows)
+    with paired differences of pass@1 to a reference row. -> (report, markdown)."""
+    rows, splits, excluded = common_ground(compare_rows(items))
     names = [r["name"] for r in rows]
-    if args.reference is not None and args.reference not in names:
-        fail(f"--reference {args.reference!r}: no such row (rows: {', '.join(names)})")
-    ref = rows[names.index(args.reference)] if args.reference is not None else rows[0]
+    if reference is not None and reference not in names:
+        fail(f"--reference {reference!r}: no such row (rows: {', '.join(names)})")
+    ref = rows[names.index(reference)] if reference is not None else rows[0]
     ground = {"splits": {s: {"tasks": len({t for t, _ in ref["pairs"][s]}), "pairs": len(ref["pairs"][s]),
                              "harness_ids": sorted({h for _, h in ref["pairs"][s]})} for s in splits},
               "excluded_external": [h for h in excluded if levels_of(h) is None and h not in FRAMEWORKS.values()],
               **ref["config"]}
     report = {"reference": ref["name"], "common_ground": ground, "rows": paired_rows(rows, ref, splits, args)}
-    md = compare_markdown(report, splits, [s for r in rows for s in r["summaries"]])
+    return report, compare_markdown(report, splits, [s for r in rows for s in r["summaries"]])
+
+
+def write_outputs(prefix, report, md):
+    write_atomic(f"{prefix}.md", md)
+    write_atomic(f"{prefix}.json", json.dumps(report, indent=2) + "\n")  # last: a pipeline's done marker
+    print(f"[compare] wrote {prefix}.md and {prefix}.json")
+
+
+def compare(args):
+    """The table of the ITEMs; with --experiment, what each method spent."""
+    runs, settings = experiment_runs(Path(args.experiment).resolve()) if args.experiment else (None, None)
+    report, md = table(args.items, args.reference, args)
     if runs is not None:
         report.update(compute={name: compute_of(run) for name, run in runs.items()}, settings=settings)
         md += compute_markdown(report["compute"])
     print(md)
     if args.out:
-        write_atomic(f"{args.out}.md", md)
-        write_atomic(f"{args.out}.json", json.dumps(report, indent=2))  # last: a pipeline's done marker
-        print(f"[compare] wrote {args.out}.md and {args.out}.json")
+        write_outputs(args.out, report, md)
 
 
 def common_ground(rows):
@@ -271,34 +300,6 @@ def paired_rows(rows, ref, splits, args):
 
 
 # ----------------------------------------------------------------------------- what each method spent
-def compute_of(run):
-    """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage (None for a
-    method without an assignment: black-box RL draws its tasks without one)."""
-    rollouts = [e for p in run.glob("iter_*/rollouts.jsonl")
-                for _, e in read_jsonl(p, required=("task_id", "harness_id"))]
-    demos = [e for _, e in read_jsonl(run / "sft" / "demos.jsonl", required=("harness_id",))] \
-        if (run / "sft" / "demos.jsonl").is_file() else []
-    logs = [r for p in [*run.glob("iter_*/train_log.jsonl"), *run.glob("sft/train_log.jsonl")]
-            for _, r in read_jsonl(p)]
-    groups = {a["task_id"]: set(a["harness_ids"]) for _, a in read_jsonl(run / "assignment.jsonl",
-                                                                         required=("task_id", "harness_ids"))} \
-        if (run / "assignment.jsonl").is_file() else None
-    seen = {}
-    for e in rollouts:
-        seen.setdefault(e["task_id"], set()).add(e["harness_id"])
-    times = read_json(run / "step_times.json") if (run / "step_times.json").is_file() else {}
-    # minibatches: the budget every method gets; optimizer steps: those with signal (05 skips the others)
-    return {"rollout_episodes": len(rollouts), "minibatches": len(logs),
-            "optimizer_steps": sum(r.get("optimizer_step", True) for r in logs), "sft_demos": len(demos),
-            "train_s": round(sum(v for k, v in times.items() if k[:2] in ("04", "05")), 1),
-            "eval_s": round(sum(v for k, v in times.items() if k.startswith("06")), 1),
-            "tasks_trained": len(seen),
-            "tasks_saw_all_K": None if groups is None else sum(seen[t] == groups.get(t) for t in seen),
-            # the harnesses its updates trained on: its rollouts' and demonstrations', else its training set (02)
-            "training_harnesses": sorted({e["harness_id"] for e in rollouts + demos}) or
-            sorted(h["harness_id"] for _, h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",)))}
-
-
 def compute_markdown(compute):
     lines = ["", "## Compute per method", "",
              "| method | rollout episodes | minibatches | optimizer steps (with signal) | SFT demos | train s | eval s "
@@ -349,11 +350,56 @@ def compare_markdown(report, splits, summaries):
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- tables from a ledger
+def ledger_tables(args):
+    """--ledger LEDGER: its tables at PREFIX-<table>; a folder of ledgers (results/records): each one's at
+    PREFIX/<ledger name>-<table>."""
+    root, out = Path(args.ledger).resolve(), Path(args.out).resolve()
+    ledgers = [root] if (root / "ground.json").is_file() else sorted(p.parent for p in root.glob("*/ground.json"))
+    if not ledgers:
+        fail(f"{root}: no ground.json in it or in its subfolders (not a ledger: ledger.py, pipeline.py --ledger)")
+    for ledger in ledgers:
+        tables_of(ledger, out if ledger == root else out / ledger.name, args)
+
+
+def tables_of(ledger, prefix, args):
+    """Every table of TABLES whose rows have records, from the records alone: a method's seeds are one row's
+    replicates; then the transfer curve of CURVE_ROWS. Paths in the outputs are relative to the ledger."""
+    methods, ground = read_records(ledger)
+    with contextlib.chdir(ledger):
+        for name, (reference, wanted) in TABLES.items():
+            have = [m for m in wanted if m in methods]
+            if reference not in have or len(have) < 2:
+                print(f"[compare] {ledger.name} {name}: not enough records yet (rows with records: "
+                      f"{', '.join(have) or '-'})")
+                continue
+            items = [f"{m}=" + ",".join(str(r.relative_to(ledger) / "eval") for r in methods[m]) for m in have]
+            report, md = table(items, reference, args)
+            records = {f"{m} (seed {r.name[4:]})": read_json(r / "record.json") for m in have for r in methods[m]}
+            report.update(ground=ground, compute={k: v["compute"] for k, v in records.items()},
+                          made={k: v.get("made") for k, v in records.items()})
+            write_outputs(f"{prefix}-{name}", report, md + compute_markdown(report["compute"])
+                          + made_markdown(report["made"]))
+        lines = [m for m in CURVE_ROWS if m in methods and all((r / "curve").is_dir() for r in methods[m])]
+        if lines:
+            transfer_curve(argparse.Namespace(
+                items=[f"{m}=" + ",".join(str(r.relative_to(ledger)) for r in methods[m]) for m in lines],
+                eval_set="eval_harnesses.jsonl", out=f"{prefix}-transfer_curve"))
+
+
+def made_markdown(made):
+    lines = ["", "## How each record was made", "", "| record | commit | date | machine | wall s |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {k} | {m['commit']}{' (changed tree)' if m['dirty'] else ''} | {m['date']} | {m['machine']} | "
+              f"{m['wall_s']} |" if m else f"| {k} | - | - | - | - |" for k, m in made.items()]
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None):
     args = parse_args(argv)
     with locked(Path(args.out).parent / "run.lock") if args.out else contextlib.nullcontext():  # one writer
-        compare(args)
+        ledger_tables(args) if args.ledger else compare(args)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ import sys
 import time
 from pathlib import Path
 
-from plumbing import fail, iteration_policy, jsonl_text, locked, read_jsonl, run_child, write_atomic
+import ledger as ledger_mod
+from plumbing import fail, iteration_policy, jsonl_text, locked, read_json, read_jsonl, run_child, write_atomic
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -108,7 +109,8 @@ EXPERIMENTS = {"main": ["harness-scaling", "single", "blackbox-sft", "blackbox-r
 SIZE_FLAGS = ("iterations", "tasks_per_iteration", "group_size", "algo", "lr", "ppo_epochs", "eval_tasks",
               "eval_heldout", "sft_epochs", "sft_tasks", "seed", "backend", "max_new_tokens", "curve_every",
               "curve_tasks")
-CURVE_METHODS = ("harness-scaling", "single")  # the transfer curve's lines (experiments with --curve-every K > 0)
+CURVE_METHODS = ("harness-scaling", "single")
+PROBE_TASKS = 4  # the warm start's fingerprint (--ledger): greedy outcomes on its first 4 demonstration tasks  # the transfer curve's lines (experiments with --curve-every K > 0)
 
 
 def parse_args(argv=None):
@@ -117,7 +119,8 @@ def parse_args(argv=None):
     g.add_argument("--preset", default="toy", choices=sorted(PRESETS), help="model, engine and budgets (see above)")
     g.add_argument("--experiment", choices=sorted(EXPERIMENTS), help="run every method of this comparison")
     g.add_argument("--run", default=None, help="run (or experiment) folder (default runs/<preset>[-<experiment>])")
-    g.add_argument("--method", default="harness-scaling", choices=sorted(METHODS), help="without --experiment")
+    g.add_argument("--method", default=None, help="without --experiment: the method (default harness-scaling; "
+                   f"one of {', '.join(METHODS)}); with it: only these of its methods now, e.g. single,blackbox-rl")
     g.add_argument("--seeds", help="experiments: training seeds (replicates), e.g. 0,1,2 (default: --seed)")
     g.add_argument("--seed", type=int, help="seed of the training set draw, the assignment and sampling")
     g.add_argument("--warmstart", default=None, help="warm-start folder (default: keyed by its settings), to share "
@@ -125,6 +128,8 @@ def parse_args(argv=None):
     g.add_argument("--stop-after", default=None, help="stop after the step of this name (e.g. 02, ws-sft, 04-it0, "
                    "05-it1): simulates an interruption; the same command then continues")
     g.add_argument("--overwrite", action="store_true", help="delete the run folder first if its settings differ")
+    g.add_argument("--ledger", default=None, metavar="DIR", help="experiments: write each method's record to this "
+                   "results ledger (ledger.py), skip the (method, seed) records it has, refuse other common ground")
     g = p.add_argument_group("RL budget and update (override the preset)")
     g.add_argument("--iterations", type=int, help="RL iterations (04 + 05 each)")
     g.add_argument("--tasks-per-iteration", type=int, help="tasks per RL iteration")
@@ -214,6 +219,14 @@ def settings(args):
         fail(f"--seeds {args.seeds}: a seed repeats")
     if args.seeds and not args.experiment:
         fail("--seeds is for --experiment (replicates of every method); a single run takes --seed")
+    if args.ledger and not args.experiment:
+        fail("--ledger is for --experiment (a record per method and seed)")
+    allowed = EXPERIMENTS[args.experiment] if args.experiment else list(METHODS)
+    for m in (args.method or "harness-scaling").split(","):
+        if m not in allowed:
+            fail(f"--method {args.method!r}: {m!r} is not one of {', '.join(allowed)}")
+    if not args.experiment and "," in (args.method or ""):
+        fail(f"--method {args.method!r}: one method per run folder without --experiment")
     for name in ("train_tasks", "test_tasks"):
         if not Path(getattr(args, name)).is_file():
             fail(f"--{name.replace('_', '-')} {getattr(args, name)}: file not found")
@@ -223,7 +236,8 @@ def settings(args):
     # each training task visited K times: I x B = K x tasks, K the preset's (3) or a larger K of the run's methods
     # (k5 must meet all 5 harnesses of a task; docs/decisions.md)
     if cfg["max_train_tasks"] is None:
-        k = max([cfg["k"]] + [METHODS[m][2] or 0 for m in EXPERIMENTS.get(args.experiment, [args.method])])
+        k = max([cfg["k"]] + [METHODS[m][2] or 0 for m in EXPERIMENTS.get(args.experiment, [args.method or
+                                                                                              "harness-scaling"])])
         cfg["max_train_tasks"] = max(1, cfg["iterations"] * cfg["tasks_per_iteration"] // k)
     return cfg
 
@@ -336,6 +350,10 @@ def run_stage(cmd):
     return run_child(cmd, cwd=HERE, on_stop=STOP_HINT)
 
 
+def vllm_flags_of(cfg):
+    return ["--max-model-len", cfg["max_model_len"]] if cfg["backend"] == "vllm" and cfg.get("max_model_len") else []
+
+
 def copy_dir(src, dst, ignore=None):
     if dst.exists():
         return
@@ -384,6 +402,18 @@ def warm_start(cfg, args, ws, train_tasks):
          [*stage05(args), "--algo", "sft", "--policy", ws / "base", "--rollouts", ws / "demos.jsonl",
           "--out", ws / "policy", "--epochs", cfg["sft_epochs"], "--lr", cfg["sft_lr"], "--seed", key["seed"],
           *(["--minibatch-size", cfg["sft_minibatch"]] if cfg.get("sft_minibatch") else [])], args)
+    if args.ledger:  # the warm start's fingerprint: its weights' hash and greedy outcomes on a probe (ledger.py)
+        probe_tasks = ws / "probe_tasks.jsonl"  # the first PROBE_TASKS demonstration tasks, every warm-start harness
+        if not probe_tasks.exists():
+            write_rows(probe_tasks, rows_of(sft_tasks)[:PROBE_TASKS])
+        step("ws-probe", ws / "probe.jsonl",
+             ["04_rollout.py", "--run", ws, "--eval", "--policy", ws / "policy", "--harnesses", ",".join(ids),
+              "--tasks", probe_tasks, "--out", ws / "probe.jsonl", "--backend",
+              cfg["backend"], "--temperature", 0, "--max-turns", cfg["max_turns"], "--max-new-tokens",
+              cfg["max_new_tokens"], "--seed", key["seed"], *vllm_flags_of(cfg)], args)
+        step("ws-fingerprint", ws / "fingerprint.json", ["ledger.py", "fingerprint", "--policy", ws / "policy",
+                                                         "--probe", ws / "probe.jsonl", "--out", ws / "fingerprint.json"],
+             args)
 
 
 # ----------------------------------------------------------------------------- one method in one run folder
@@ -492,10 +522,12 @@ def experiment(cfg, args, vllm_flags):
     exp = Path(args.run or f"runs/{args.preset}-{args.experiment}").resolve()
     methods = EXPERIMENTS[args.experiment]
     claim(exp, dict(cfg, experiment=args.experiment, methods=methods), "experiment_config.json", args.overwrite)
+    ledger = Path(args.ledger).resolve() if args.ledger else None
+    now = args.method.split(",") if args.method else methods  # --method: only these methods of it now
     train_tasks = exp / "train_tasks.jsonl"
     if not train_tasks.exists():
         write_rows(train_tasks, rows_of(args.train_tasks)[:cfg["max_train_tasks"]])
-    runs = {(m, s): exp / (m if len(cfg["seeds"]) == 1 else f"{m}-seed{s}") for m in methods for s in cfg["seeds"]}
+    runs = {(m, s): exp / (m if len(cfg["seeds"]) == 1 else f"{m}-seed{s}") for m in now for s in cfg["seeds"]}
     for (m, s), run in runs.items():
         prepare(cfg, args, m, run, s, train_tasks)
     ws = Path(args.warmstart).resolve() if args.warmstart else exp / "warmstart"
@@ -509,44 +541,111 @@ def experiment(cfg, args, vllm_flags):
     step("01", ref / "harness_space.jsonl", ["01_harness_space.py", "--run", ref], args)
     step("02", ref / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", ref, "--method", "one-factor"],
          args)
-    # one In-Space evaluation set for every method (02), disjoint from all training sets and the warm start's
-    eval_set = exp / "eval_harnesses.jsonl"
-    oa_run = runs[("harness-scaling" if "harness-scaling" in methods else methods[0], cfg["seeds"][0])]
-    trained = ",".join(str(run / "train_harnesses.jsonl") for run in [*runs.values(), ref])
-    step("eval-set", eval_set, ["02_orthogonal_design.py", "--run", oa_run, "--eval-set", cfg["eval_heldout"],
-                                "--exclude", trained, "--out", eval_set], args)
-    eval_rows = rows_of(eval_set)
-    print(f"[pipeline] evaluation set ({len(eval_rows)} in-space harnesses): "
-          + " ".join(h["harness_id"] for h in eval_rows))
+    eval_set = evaluation_set(cfg, args, exp, runs, ref, ledger)
+    ground = ground_of(cfg, args, ws, eval_set) if ledger else None
+    if ledger:  # refused here, before any training, if the ledger holds records of other common ground
+        write_atomic(exp / "ground.json", json.dumps(ground, indent=2, sort_keys=True) + "\n")
+        ledger_mod.check_ground(ledger, ground, [h["harness_id"] for h in rows_of(eval_set)])
 
     before = "untrained" if cfg["tiny"] else "zero-shot"  # the model before SFT: random weights / pretrained
-    items = [f"{before}={evaluate(cfg, args, ref, before, ws / 'base', vllm_flags, eval_set)}",
-             f"warm-start={evaluate(cfg, args, ref, 'warm-start', ws / 'policy', vllm_flags, eval_set)}"]
+    items = []
+    for label, policy in ((before, ws / "base"), ("warm-start", ws / "policy")):
+        if not in_ledger(ledger, label, cfg["seed"]):
+            items.append(f"{label}={evaluate(cfg, args, ref, label, policy, vllm_flags, eval_set)}")
+            record(args, exp, ledger, ref, label, label, cfg["seed"])
     # the transfer curve (harness-scaling and single): held-out vs trained harnesses along training, drawn as soon
     # as both methods are trained (before the black-box baselines)
-    curve_methods = [m for m in methods if m in CURVE_METHODS] if cfg["curve_every"] and cfg["iterations"] else []
+    curve_methods = [m for m in now if m in CURVE_METHODS] if cfg["curve_every"] and cfg["iterations"] else []
     curve_tasks = exp / "curve_tasks.jsonl"  # the first curve_tasks test tasks
     if curve_methods and not curve_tasks.exists():
         write_rows(curve_tasks, rows_of(args.test_tasks)[:cfg["curve_tasks"]])
-    for m in methods:
+    for m in now:
         dirs = []
+        name = m if cfg["algo"] == PRESETS[args.preset]["algo"] else f"{m}+{cfg['algo']}"  # the record's method
         for s in cfg["seeds"]:
+            if in_ledger(ledger, name, s):
+                continue
             policy = train(cfg, args, m, runs[(m, s)], s, train_tasks, vllm_flags)
             if m in curve_methods:
                 curve(cfg, args, runs[(m, s)], curve_tasks, eval_set, vllm_flags)
             dirs.append(str(evaluate(cfg, args, runs[(m, s)], m, policy, vllm_flags, eval_set, trained_inside(m))))
-        items.append(f"{m}={','.join(dirs)}")
-        if curve_methods and m == curve_methods[-1]:
+            record(args, exp, ledger, runs[(m, s)], m, name, s)
+        items += [f"{m}={','.join(dirs)}"] if dirs else []
+        if curve_methods and m == curve_methods[-1] and not ledger:
             step("transfer-curve", exp / "transfer_curve.json",
                  ["transfer_curve.py", *(f"{c}={','.join(str(runs[(c, s)]) for s in cfg['seeds'])}"
                                          for c in curve_methods),
                   "--eval-set", eval_set, "--out", exp / "transfer_curve"], args)
 
-    # the table: every row against the paper's method, paired over tasks, plus what each method spent (compare.py)
+    # the table: every row against the paper's method, paired over tasks, plus what each method spent (compare.py);
+    # with a ledger, every table of its records (this run's and earlier ones)
+    if ledger:
+        if run_stage([PY, "compare.py", "--ledger", ledger, "--out", exp / "comparison"]) != 0:
+            fail(f"compare.py could not build the tables of {ledger} (above)")
+        return
     step("compare", exp / "comparison.json", ["compare.py", *items, "--reference", "harness-scaling",
                                                "--seed", cfg["seed"], "--experiment", exp, "--out", exp / "comparison"],
          args)
     print((exp / "comparison.md").read_text())
+
+
+def evaluation_set(cfg, args, exp, runs, ref, ledger):
+    """One In-Space evaluation set for every method (02 --eval-set), disjoint from all training sets and the warm
+    start's. A ledger keeps the one its first run made (later seeds and methods are scored on it): made then, it
+    also leaves out random18's draws at seeds 0-2, the replicates a later run may add."""
+    eval_set = exp / "eval_harnesses.jsonl"
+    if ledger and (ledger / "eval_harnesses.jsonl").is_file() and not eval_set.exists():
+        shutil.copyfile(ledger / "eval_harnesses.jsonl", eval_set)
+    trained = [run / "train_harnesses.jsonl" for run in [*runs.values(), ref]]
+    if ledger and not eval_set.exists():
+        for s in range(3):
+            spare = exp / "spare" / f"random18-seed{s}"
+            step("01", spare / "harness_space.jsonl", ["01_harness_space.py", "--run", spare], args)
+            step("02", spare / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", spare, "--method",
+                                                         "random", "--seed", s], args)
+            trained.append(spare / "train_harnesses.jsonl")
+    # 02 --eval-set shifts the OA of RUN's training set: an OA method's run, else a spare one (the OA has no seed)
+    oa_run = next((run for (m, _), run in runs.items() if METHODS[m][0] == "oa"), exp / "spare" / "oa")
+    if not eval_set.exists() and not (oa_run / "train_harnesses.jsonl").exists():
+        step("01", oa_run / "harness_space.jsonl", ["01_harness_space.py", "--run", oa_run], args)
+        step("02", oa_run / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", oa_run, "--method", "oa"],
+             args)
+    step("eval-set", eval_set, ["02_orthogonal_design.py", "--run", oa_run, "--eval-set", cfg["eval_heldout"],
+                                "--exclude", ",".join(map(str, trained)), "--out", eval_set], args)
+    eval_ids = {h["harness_id"] for h in rows_of(eval_set)}
+    for path in trained:  # a fixed set (the ledger's) must still be held out by this run's training sets
+        overlap = sorted(eval_ids & {h["harness_id"] for h in rows_of(path)})
+        if overlap:
+            fail(f"{path}: trains on {overlap[0]}, a harness of the In-Space evaluation set {eval_set}: its scores "
+                 "would not be held out (use another seed or ledger)")
+    print(f"[pipeline] evaluation set ({len(eval_ids)} in-space harnesses): " + " ".join(sorted(eval_ids)))
+    return eval_set
+
+
+def ground_of(cfg, args, ws, eval_set):
+    """The common ground of this run's records (ledger.py): what two records must share to sit in one table."""
+    budget = {k: v for k, v in cfg.items() if k not in ("seed", "seeds", "algo", "method", "train_tasks_sha",
+                                                         "test_tasks_sha")}
+    return {"preset": args.preset, "budget": budget, "warm_start": read_json(ws / "fingerprint.json"),
+            "eval_set": sorted(h["harness_id"] for h in rows_of(eval_set)), "train_tasks": sha(args.train_tasks),
+            "test_tasks": sha(args.test_tasks), "versions": ledger_mod.versions()}
+
+
+def in_ledger(ledger, method, seed):
+    done = ledger is not None and (ledger / method / f"seed{seed}" / "record.json").is_file()
+    if done:
+        print(f"[pipeline] {method} seed {seed}: in the ledger already ({ledger / method / f'seed{seed}'})")
+    return done
+
+
+def record(args, exp, ledger, run, label, method, seed):
+    """The record of one evaluated policy in the ledger (ledger.py write); the command as typed, paths relative."""
+    if ledger:
+        command = " ".join(["python pipeline.py", *(os.path.relpath(a) if os.path.isabs(a) else a
+                                                    for a in sys.argv[1:])])
+        if run_stage([PY, "ledger.py", "write", "--run", run, "--label", label, "--method", method, "--seed", seed,
+                      "--ground", exp / "ground.json", "--ledger", ledger, "--command", command]) != 0:
+            fail(f"ledger.py could not write the record of {method} seed {seed} (above)")
 
 
 # ----------------------------------------------------------------------------- main
@@ -564,8 +663,7 @@ def run_pipeline(args):
     cfg = settings(args)
     if args.gpus < 1:
         fail(f"--gpus {args.gpus}: must be >= 1")
-    vllm_flags = ["--max-model-len", cfg["max_model_len"]] if cfg["backend"] == "vllm" and cfg.get("max_model_len") \
-        else []
+    vllm_flags = vllm_flags_of(cfg)
     t_start = time.time()
     try:
         if args.experiment:
@@ -574,7 +672,7 @@ def run_pipeline(args):
             return
         # one method in one run folder, scored on its own seeded sample of held-out configurations
         run = Path(args.run or f"runs/{args.preset}").resolve()
-        cfg["method"] = args.method
+        args.method = cfg["method"] = args.method or "harness-scaling"
         claim(run, cfg, "pipeline_config.json", args.overwrite)
         seed = cfg["seeds"][0]
         train_tasks = run / "train_tasks.jsonl"

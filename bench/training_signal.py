@@ -12,21 +12,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, where plumbing.py is
-from plumbing import read_json, read_jsonl  # noqa: E402
-
-
-def iteration_rows(run):
-    rows = []
-    for log in sorted(Path(run).glob("iter_*/train_log.jsonl")):
-        steps = [s for _, s in read_jsonl(log) if "reward_mean" in s]
-        if not steps:
-            continue
-        rows.append({"iteration": int(log.parent.name.split("_")[1]), "reward_mean": steps[0]["reward_mean"],
-                     "groups_with_signal": 1 - steps[0]["zero_var_group_share"],
-                     "optimizer_steps": sum(bool(s.get("optimizer_step")) for s in steps),
-                     "approx_kl_max": max(s["approx_kl"] for s in steps),
-                     "clip_frac_max": max(s["clip_frac"] for s in steps)})
-    return rows
+from ledger import iteration_rows  # noqa: E402
+from plumbing import read_json  # noqa: E402
 
 
 def main(argv=None):

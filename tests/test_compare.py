@@ -268,16 +268,16 @@ def test_compare_experiment_adds_what_each_method_spent(tmp_path):
     assert list(report) == ["reference", "common_ground", "rows", "compute", "settings"]
     assert report["compute"] == {
         "oa (seed 0)": {"rollout_episodes": 4, "minibatches": 2, "optimizer_steps": 1, "sft_demos": 0,
-                        "train_s": 5.5, "eval_s": 4.2, "tasks_trained": 2, "tasks_saw_all_K": 1,
+                        "train_s": 5.5, "eval_s": 4.2, "curve_s": 0, "tasks_trained": 2, "tasks_saw_all_K": 1,
                         "training_harnesses": sorted([BASE, SPACE_IDS[0], SPACE_IDS[1]])},
         "sft (seed 0)": {"rollout_episodes": 0, "minibatches": 2, "optimizer_steps": 2, "sft_demos": 3,
-                         "train_s": 0, "eval_s": 0, "tasks_trained": 0, "tasks_saw_all_K": 0,
+                         "train_s": 0, "eval_s": 0, "curve_s": 0, "tasks_trained": 0, "tasks_saw_all_K": 0,
                          "training_harnesses": ["X-shell"]},
         "idle (seed 0)": {"rollout_episodes": 0, "minibatches": 0, "optimizer_steps": 0, "sft_demos": 0,
-                          "train_s": 0, "eval_s": 0, "tasks_trained": 0, "tasks_saw_all_K": 0,
+                          "train_s": 0, "eval_s": 0, "curve_s": 0, "tasks_trained": 0, "tasks_saw_all_K": 0,
                           "training_harnesses": [BASE]},
         "bbrl (seed 0)": {"rollout_episodes": 3, "minibatches": 1, "optimizer_steps": 1, "sft_demos": 0,
-                          "train_s": 0, "eval_s": 0, "tasks_trained": 3, "tasks_saw_all_K": None,
+                          "train_s": 0, "eval_s": 0, "curve_s": 0, "tasks_trained": 3, "tasks_saw_all_K": None,
                           "training_harnesses": ["X-pydantic-ai"]}}
     assert report["settings"] == {"seed": 0, "seeds": [0], "experiment": "mini",
                                   "eval_harnesses": str(exp.resolve() / "eval_harnesses.jsonl")}

@@ -1,0 +1,132 @@
+"""ledger.py and compare.py --ledger: records written from hand-made run folders, tables built from the records
+alone (seeds as replicates, checked against an independent computation), byte-for-byte regeneration, and the
+refusals: a record or a run of other common ground, named by its field."""
+import json
+import shutil
+
+import pytest
+
+from conftest import ROOT, load_stage, run_stage
+from test_compare import BASE, make_evaldir, per_task_values
+
+ledger_mod = load_stage("ledger.py")
+TASKS = [f"t{i}" for i in range(10)]
+GROUND = {"preset": "toy", "budget": {"lr": 0.001, "iterations": 3}, "warm_start": {"sha256": "ab", "probe": []},
+          "eval_set": ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2"], "train_tasks": "x", "test_tasks": "y",
+          "versions": {"torch": "2"}}
+
+
+def method_run(root, name, seed, train=(BASE,)):
+    """A run folder as the pipeline leaves it: eval/<label>/ (06), train_harnesses.jsonl (02), step_times.json,
+    one iteration's rollouts and training log (04, 05)."""
+    run = root / f"{name}-seed{seed}"
+    make_evaldir(root, run.name, name, tasks=TASKS, train=train, seed=seed)
+    (run / "train_harnesses.jsonl").write_text("".join(json.dumps({"harness_id": h, "levels": {}}) + "\n"
+                                                       for h in train))
+    (run / "step_times.json").write_text(json.dumps({"04-it0": 10.0, "05-it0": 5.0, f"06-{name}": 7.5}))
+    (run / "iter_000").mkdir()
+    (run / "iter_000" / "rollouts.jsonl").write_text(json.dumps({"task_id": "t0", "harness_id": BASE}) + "\n")
+    (run / "iter_000" / "train_log.jsonl").write_text(json.dumps(
+        {"reward_mean": 0.25, "zero_var_group_share": 0.5, "optimizer_step": True, "approx_kl": 0.01,
+         "clip_frac": 0.02}) + "\n")
+    return run
+
+
+def write(tmp_path, run, method, seed, ledger, ground=GROUND, check=True):
+    (tmp_path / "run-ground.json").write_text(json.dumps(ground))
+    return run_stage("ledger.py", "write", "--run", run, "--label", method, "--method", method, "--seed", seed,
+                     "--ground", tmp_path / "run-ground.json", "--ledger", ledger, "--command", "python pipeline.py x",
+                     check=check)
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    ledger = tmp_path / "ledger"
+    for method, seed in (("harness-scaling", 0), ("harness-scaling", 1), ("single", 0)):
+        train = ("S0-T1-O2-C0-W1", "S1-T0-O2-C1-W0") if method == "harness-scaling" else (BASE,)
+        write(tmp_path, method_run(tmp_path / "runs", method, seed, train), method, seed, ledger)
+    return ledger
+
+
+def test_a_record_keeps_outcomes_compute_and_ground_without_paths_or_transcripts(tmp_path, ledger):
+    rec = ledger / "harness-scaling" / "seed1"
+    record = json.loads((rec / "record.json").read_text())
+    assert record["method"] == "harness-scaling" and record["seed"] == 1 and record["ground"] == GROUND
+    assert record["compute"]["rollout_episodes"] == 1 and record["compute"]["train_s"] == 15.0
+    assert record["compute"]["eval_s"] == 7.5 and record["made"]["wall_s"] == 22.5
+    assert record["training_signal"] == [{"iteration": 0, "reward_mean": 0.25, "groups_with_signal": 0.5,
+                                          "optimizer_steps": 1, "approx_kl_max": 0.01, "clip_frac_max": 0.02}]
+    src = tmp_path / "runs" / "harness-scaling-seed1" / "eval" / "harness-scaling"
+    for split in ("base", "inspace", "external"):  # every episode, only the outcome fields
+        kept = [json.loads(x) for x in (rec / "eval" / f"{split}.jsonl").read_text().splitlines()]
+        full = [json.loads(x) for x in (src / f"{split}.jsonl").read_text().splitlines()]
+        assert kept == [{k: e.get(k) for k in ledger_mod.EPISODE_FIELDS} for e in full]
+    assert [json.loads(x)["harness_id"] for x in (rec / "train_harnesses.jsonl").read_text().splitlines()] == \
+        ["S0-T1-O2-C0-W1", "S1-T0-O2-C1-W0"]
+    text = "".join(p.read_text() for p in ledger.rglob("*") if p.is_file())
+    assert str(tmp_path) not in text and "/runs/" not in text  # no absolute path, no run folder named
+    assert json.loads((ledger / "ground.json").read_text()) == GROUND  # the first record fixed the ground
+
+
+def test_tables_from_records_alone_average_seeds_and_regenerate_byte_for_byte(tmp_path, ledger):
+    src = {m: [tmp_path / "runs" / f"{m}-seed{s}" / "eval" / m for s in seeds]
+           for m, seeds in (("harness-scaling", (0, 1)), ("single", (0,)))}
+    # independently, from the run folders: a task's pass@1 is the mean over its episodes, then over seeds
+    want = {(m, split): per_task_values(dirs, split) for m, dirs in src.items() for split in ("base", "inspace")}
+    shutil.rmtree(tmp_path / "runs")  # the run folders are gone: the records alone make the table
+    out = tmp_path / "tables"
+    run_stage("compare.py", "--ledger", ledger, "--out", out / "a", "--bootstrap", 300)
+    report = json.loads((out / "a-main.json").read_text())
+    assert [r["name"] for r in report["rows"]] == ["harness-scaling", "single"]
+    hs, single = report["rows"]
+    assert hs["evaldirs"] == ["harness-scaling/seed0/eval", "harness-scaling/seed1/eval"]  # relative to the ledger
+    for split in ("base", "inspace"):
+        a, b = want[("harness-scaling", split)], want[("single", split)]
+        assert hs["splits"][split]["pass@1"] == pytest.approx(sum(a.values()) / len(a))
+        assert single["splits"][split]["diff_vs_reference"] == pytest.approx(sum(b[t] - a[t] for t in TASKS) / 10)
+    md = (out / "a-main.md").read_text()
+    assert "| harness-scaling (2 replicates) |" in md and "## How each record was made" in md
+    assert set(report["compute"]) == {"harness-scaling (seed 0)", "harness-scaling (seed 1)", "single (seed 0)"}
+    assert not (out / "a-selection.md").exists()  # no random18 record yet: no selection table
+    run_stage("compare.py", "--ledger", ledger, "--out", out / "b", "--bootstrap", 300)
+    for name in ("main.md", "main.json"):
+        assert (out / f"a-{name}").read_bytes() == (out / f"b-{name}").read_bytes()
+    # a folder of ledgers: each one's tables under its name
+    run_stage("compare.py", "--ledger", tmp_path, "--out", out / "all", "--bootstrap", 300)
+    assert (out / "all" / "ledger-main.json").read_bytes() == (out / "a-main.json").read_bytes()
+
+
+def test_other_common_ground_is_refused_naming_the_field(tmp_path, ledger):
+    other = dict(GROUND, budget={"lr": 0.002, "iterations": 3})
+    run = method_run(tmp_path / "runs", "random18", 0)
+    bad = write(tmp_path, run, "random18", 0, ledger, ground=other, check=False)
+    assert bad.returncode == 2 and "field budget.lr: 0.001 vs 0.002" in bad.stderr
+    assert not (ledger / "random18").exists()  # nothing half-written
+    # a record whose ground was edited by hand: compare refuses the ledger, naming the record and the field
+    rec = ledger / "single" / "seed0" / "record.json"
+    record = json.loads(rec.read_text())
+    record["ground"]["versions"] = {"torch": "3"}
+    rec.write_text(json.dumps(record))
+    bad = run_stage("compare.py", "--ledger", ledger, "--out", tmp_path / "t", check=False)
+    assert bad.returncode == 2 and "single/seed0/record.json" in bad.stderr and "versions.torch" in bad.stderr
+    assert not list(tmp_path.glob("t*"))
+
+
+def test_ground_difference_names_the_first_differing_field():
+    a = {"x": 1, "b": {"c": [1, 2], "d": "u"}}
+    assert ledger_mod.ground_difference(a, json.loads(json.dumps(a))) is None
+    assert ledger_mod.ground_difference(a, {"x": 1, "b": {"c": [1, 3], "d": "u"}}) == "b.c: [1, 2] vs [1, 3]"
+    assert ledger_mod.ground_difference(a, {"x": 1, "b": {"c": [1, 2]}}) == 'b.d: "u" vs null'
+
+
+def test_committed_tables_equal_what_the_ledger_regenerates(tmp_path):
+    """README: `python compare.py --ledger results/records --out results/tables` regenerates every committed table."""
+    records = ROOT / "results" / "records"
+    assert (records).is_dir() and list(records.glob("*/ground.json")), "no committed ledger under results/records"
+    run_stage("compare.py", "--ledger", records, "--out", tmp_path, timeout=300)
+    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.suffix in (".md", ".json"))
+    committed = sorted(p.relative_to(ROOT / "results" / "tables") for p in (ROOT / "results" / "tables").rglob("*")
+                       if p.suffix in (".md", ".json"))
+    assert made == committed and made
+    for rel in made:
+        assert (tmp_path / rel).read_bytes() == (ROOT / "results" / "tables" / rel).read_bytes(), rel
