@@ -380,11 +380,12 @@ def tables_of(ledger, prefix, args):
                           made={k: v.get("made") for k, v in records.items()})
             write_outputs(f"{prefix}-{name}", report, md + compute_markdown(report["compute"])
                           + made_markdown(report["made"]))
-        lines = [m for m in CURVE_ROWS if m in methods and all((r / "curve").is_dir() for r in methods[m])]
+        # the transfer curve: a line per method and seed (the paper's claim should hold in every seed's line)
+        lines = [f"{m} {r.name}={r.relative_to(ledger)}" for m in CURVE_ROWS for r in methods.get(m, [])
+                 if (r / "curve").is_dir()]
         if lines:
-            transfer_curve(argparse.Namespace(
-                items=[f"{m}=" + ",".join(str(r.relative_to(ledger)) for r in methods[m]) for m in lines],
-                eval_set="eval_harnesses.jsonl", out=f"{prefix}-transfer_curve"))
+            transfer_curve(argparse.Namespace(items=lines, eval_set="eval_harnesses.jsonl",
+                                              out=f"{prefix}-transfer_curve"))
 
 
 def made_markdown(made):

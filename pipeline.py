@@ -25,12 +25,18 @@ Methods (one run folder each):
                    (both: 02 --method one-factor, the warm start's set; no 03; 06 marks their pydantic-ai
                    column "trained in"; every method is evaluated in smolagents native, where none trains)
 Experiments (--experiment): methods that share one warm start, one task split, one evaluation set (02
---eval-set) and one budget, each in EXP/<method>[-seed<s>], and one table EXP/comparison.{md,json} against
-harness-scaling, with what each method spent (compare.py):
+--eval-set) and one budget, each in EXP/<method>[-seed<s>]:
   main (harness-scaling, single, blackbox-sft, blackbox-rl), selection (+ random18),
   assignment (+ random-assign), k (k1, harness-scaling = K 3, k5). With --curve-every K (small: 4), the transfer
   curve: harness-scaling's and single's checkpoints every K iterations on their training harnesses and on the
-  held-out set, EXP/<method>/curve/, then EXP/transfer_curve.{md,png,json} (transfer_curve.py).
+  held-out set, EXP/<method>/curve/. Each method (and seed) ends with its record in a results ledger (--ledger,
+  default EXP/records; ledger.py); the tables are built from the ledger's records, EXP/comparison-<table>.{md,json}
+  and EXP/comparison-transfer_curve.* (compare.py --ledger). A record already in the ledger is not made again; a
+  ledger of other common ground is refused before any training.
+
+    python pipeline.py --experiment main --preset small --run runs/exp --ledger results/records/small
+    python pipeline.py --experiment main --preset small --run runs/exp2 --ledger results/records/small \
+        --method single --seeds 1                                    # add one row's seed to the ledger
 
 Warm start: every method starts from one SFT checkpoint on oracle demonstrations under the base harness
 and its one-factor-at-a-time variants (11 configurations, no method's RL training set beyond the base
@@ -109,8 +115,8 @@ EXPERIMENTS = {"main": ["harness-scaling", "single", "blackbox-sft", "blackbox-r
 SIZE_FLAGS = ("iterations", "tasks_per_iteration", "group_size", "algo", "lr", "ppo_epochs", "eval_tasks",
               "eval_heldout", "sft_epochs", "sft_tasks", "seed", "backend", "max_new_tokens", "curve_every",
               "curve_tasks")
-CURVE_METHODS = ("harness-scaling", "single")
-PROBE_TASKS = 4  # the warm start's fingerprint (--ledger): greedy outcomes on its first 4 demonstration tasks  # the transfer curve's lines (experiments with --curve-every K > 0)
+CURVE_METHODS = ("harness-scaling", "single")  # the transfer curve's lines (experiments with --curve-every K > 0)
+PROBE_TASKS = 4  # the warm start's fingerprint (experiments): greedy outcomes on its first 4 demonstration tasks
 
 
 def parse_args(argv=None):
@@ -128,8 +134,9 @@ def parse_args(argv=None):
     g.add_argument("--stop-after", default=None, help="stop after the step of this name (e.g. 02, ws-sft, 04-it0, "
                    "05-it1): simulates an interruption; the same command then continues")
     g.add_argument("--overwrite", action="store_true", help="delete the run folder first if its settings differ")
-    g.add_argument("--ledger", default=None, metavar="DIR", help="experiments: write each method's record to this "
-                   "results ledger (ledger.py), skip the (method, seed) records it has, refuse other common ground")
+    g.add_argument("--ledger", default=None, metavar="DIR", help="experiments: the results ledger each method's "
+                   "record goes to (default EXP/records; ledger.py): the (method, seed) records it has are skipped, "
+                   "other common ground refused")
     g = p.add_argument_group("RL budget and update (override the preset)")
     g.add_argument("--iterations", type=int, help="RL iterations (04 + 05 each)")
     g.add_argument("--tasks-per-iteration", type=int, help="tasks per RL iteration")
@@ -402,7 +409,7 @@ def warm_start(cfg, args, ws, train_tasks):
          [*stage05(args), "--algo", "sft", "--policy", ws / "base", "--rollouts", ws / "demos.jsonl",
           "--out", ws / "policy", "--epochs", cfg["sft_epochs"], "--lr", cfg["sft_lr"], "--seed", key["seed"],
           *(["--minibatch-size", cfg["sft_minibatch"]] if cfg.get("sft_minibatch") else [])], args)
-    if args.ledger:  # the warm start's fingerprint: its weights' hash and greedy outcomes on a probe (ledger.py)
+    if args.experiment:  # the warm start's fingerprint: its weights' hash and greedy outcomes on a probe (ledger)
         probe_tasks = ws / "probe_tasks.jsonl"  # the first PROBE_TASKS demonstration tasks, every warm-start harness
         if not probe_tasks.exists():
             write_rows(probe_tasks, rows_of(sft_tasks)[:PROBE_TASKS])
@@ -522,7 +529,7 @@ def experiment(cfg, args, vllm_flags):
     exp = Path(args.run or f"runs/{args.preset}-{args.experiment}").resolve()
     methods = EXPERIMENTS[args.experiment]
     claim(exp, dict(cfg, experiment=args.experiment, methods=methods), "experiment_config.json", args.overwrite)
-    ledger = Path(args.ledger).resolve() if args.ledger else None
+    ledger = Path(args.ledger or exp / "records").resolve()  # each method's record (ledger.py)
     now = args.method.split(",") if args.method else methods  # --method: only these methods of it now
     train_tasks = exp / "train_tasks.jsonl"
     if not train_tasks.exists():
@@ -542,16 +549,15 @@ def experiment(cfg, args, vllm_flags):
     step("02", ref / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", ref, "--method", "one-factor"],
          args)
     eval_set = evaluation_set(cfg, args, exp, runs, ref, ledger)
-    ground = ground_of(cfg, args, ws, eval_set) if ledger else None
-    if ledger:  # refused here, before any training, if the ledger holds records of other common ground
-        write_atomic(exp / "ground.json", json.dumps(ground, indent=2, sort_keys=True) + "\n")
-        ledger_mod.check_ground(ledger, ground, [h["harness_id"] for h in rows_of(eval_set)])
+    # refused here, before any training, if the ledger holds records of other common ground
+    ground = ground_of(cfg, args, ws, eval_set)
+    write_atomic(exp / "ground.json", json.dumps(ground, indent=2, sort_keys=True) + "\n")
+    ledger_mod.check_ground(ledger, ground, [h["harness_id"] for h in rows_of(eval_set)])
 
     before = "untrained" if cfg["tiny"] else "zero-shot"  # the model before SFT: random weights / pretrained
-    items = []
     for label, policy in ((before, ws / "base"), ("warm-start", ws / "policy")):
         if not in_ledger(ledger, label, cfg["seed"]):
-            items.append(f"{label}={evaluate(cfg, args, ref, label, policy, vllm_flags, eval_set)}")
+            evaluate(cfg, args, ref, label, policy, vllm_flags, eval_set)
             record(args, exp, ledger, ref, label, label, cfg["seed"])
     # the transfer curve (harness-scaling and single): held-out vs trained harnesses along training, drawn as soon
     # as both methods are trained (before the black-box baselines)
@@ -560,7 +566,6 @@ def experiment(cfg, args, vllm_flags):
     if curve_methods and not curve_tasks.exists():
         write_rows(curve_tasks, rows_of(args.test_tasks)[:cfg["curve_tasks"]])
     for m in now:
-        dirs = []
         name = m if cfg["algo"] == PRESETS[args.preset]["algo"] else f"{m}+{cfg['algo']}"  # the record's method
         for s in cfg["seeds"]:
             if in_ledger(ledger, name, s):
@@ -568,25 +573,15 @@ def experiment(cfg, args, vllm_flags):
             policy = train(cfg, args, m, runs[(m, s)], s, train_tasks, vllm_flags)
             if m in curve_methods:
                 curve(cfg, args, runs[(m, s)], curve_tasks, eval_set, vllm_flags)
-            dirs.append(str(evaluate(cfg, args, runs[(m, s)], m, policy, vllm_flags, eval_set, trained_inside(m))))
+            evaluate(cfg, args, runs[(m, s)], m, policy, vllm_flags, eval_set, trained_inside(m))
             record(args, exp, ledger, runs[(m, s)], m, name, s)
-        items += [f"{m}={','.join(dirs)}"] if dirs else []
-        if curve_methods and m == curve_methods[-1] and not ledger:
-            step("transfer-curve", exp / "transfer_curve.json",
-                 ["transfer_curve.py", *(f"{c}={','.join(str(runs[(c, s)]) for s in cfg['seeds'])}"
-                                         for c in curve_methods),
-                  "--eval-set", eval_set, "--out", exp / "transfer_curve"], args)
 
-    # the table: every row against the paper's method, paired over tasks, plus what each method spent (compare.py);
-    # with a ledger, every table of its records (this run's and earlier ones)
-    if ledger:
-        if run_stage([PY, "compare.py", "--ledger", ledger, "--out", exp / "comparison"]) != 0:
-            fail(f"compare.py could not build the tables of {ledger} (above)")
-        return
-    step("compare", exp / "comparison.json", ["compare.py", *items, "--reference", "harness-scaling",
-                                               "--seed", cfg["seed"], "--experiment", exp, "--out", exp / "comparison"],
-         args)
-    print((exp / "comparison.md").read_text())
+    # every table of the ledger's records (this run's and earlier ones'): each row against the paper's method,
+    # paired over tasks, with what each method spent; the transfer curve (compare.py, transfer_curve.py)
+    # (every time: a later run's records change them; the bootstrap's seed stays compare.py's, as in results/tables)
+    print(f"[pipeline] compare: python compare.py --ledger {ledger} --out {exp / 'comparison'}", flush=True)
+    if run_stage([PY, "compare.py", "--ledger", ledger, "--out", exp / "comparison"]) != 0:
+        fail(f"compare.py could not build the tables of {ledger} (above)")
 
 
 def evaluation_set(cfg, args, exp, runs, ref, ledger):
@@ -594,10 +589,10 @@ def evaluation_set(cfg, args, exp, runs, ref, ledger):
     start's. A ledger keeps the one its first run made (later seeds and methods are scored on it): made then, it
     also leaves out random18's draws at seeds 0-2, the replicates a later run may add."""
     eval_set = exp / "eval_harnesses.jsonl"
-    if ledger and (ledger / "eval_harnesses.jsonl").is_file() and not eval_set.exists():
+    if (ledger / "eval_harnesses.jsonl").is_file() and not eval_set.exists():
         shutil.copyfile(ledger / "eval_harnesses.jsonl", eval_set)
     trained = [run / "train_harnesses.jsonl" for run in [*runs.values(), ref]]
-    if ledger and not eval_set.exists():
+    if not eval_set.exists():
         for s in range(3):
             spare = exp / "spare" / f"random18-seed{s}"
             step("01", spare / "harness_space.jsonl", ["01_harness_space.py", "--run", spare], args)
@@ -632,7 +627,7 @@ def ground_of(cfg, args, ws, eval_set):
 
 
 def in_ledger(ledger, method, seed):
-    done = ledger is not None and (ledger / method / f"seed{seed}" / "record.json").is_file()
+    done = (ledger / method / f"seed{seed}" / "record.json").is_file()
     if done:
         print(f"[pipeline] {method} seed {seed}: in the ledger already ({ledger / method / f'seed{seed}'})")
     return done
@@ -640,12 +635,10 @@ def in_ledger(ledger, method, seed):
 
 def record(args, exp, ledger, run, label, method, seed):
     """The record of one evaluated policy in the ledger (ledger.py write); the command as typed, paths relative."""
-    if ledger:
-        command = " ".join(["python pipeline.py", *(os.path.relpath(a) if os.path.isabs(a) else a
-                                                    for a in sys.argv[1:])])
-        if run_stage([PY, "ledger.py", "write", "--run", run, "--label", label, "--method", method, "--seed", seed,
-                      "--ground", exp / "ground.json", "--ledger", ledger, "--command", command]) != 0:
-            fail(f"ledger.py could not write the record of {method} seed {seed} (above)")
+    command = " ".join(["python pipeline.py", *(os.path.relpath(a) if os.path.isabs(a) else a for a in sys.argv[1:])])
+    step(f"record-{method}-{seed}", ledger / method / f"seed{seed}" / "record.json",
+         ["ledger.py", "write", "--run", run, "--label", label, "--method", method, "--seed", seed,
+          "--ground", exp / "ground.json", "--ledger", ledger, "--command", command], args)
 
 
 # ----------------------------------------------------------------------------- main

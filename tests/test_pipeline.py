@@ -1,10 +1,13 @@
 """The whole chain, 01 -> 06, through the pipeline's command line on a miniature toy, with an
 interruption in the middle: the second call must finish without redoing finished steps."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_stage
+from conftest import load_stage, run_stage
+
+EPISODE_FIELDS = load_stage("ledger.py").EPISODE_FIELDS
 
 BASE = "S0-T0-O0-C0-W0"
 MINI = ["--max-new-tokens", 48, "--max-train-tasks", 6, "--sft-tasks", 3, "--sft-epochs", 1, "--tiny-size", "1,32,2", "--iterations", 1,
@@ -169,14 +172,16 @@ def test_experiment_main_from_one_command(tmp_path):
     harnesses (disjoint from all training sets and the warm start's) and in both frameworks; the black-box
     baselines train inside pydantic-ai (RL on its episodes, SFT on the oracle's token-consistent episodes in it),
     so their pydantic-ai column alone is marked trained in; each training task visited K = 3 times sees its 3
-    harnesses, compute is matched, and a second call redoes nothing."""
-    exp = tmp_path / "exp"
-    args = ["--experiment", "main", "--run", exp, "--max-new-tokens", 48, "--sft-tasks", 2, "--sft-epochs", 1,
-            "--tiny-size", "1,32,2", "--iterations", 3, "--tasks-per-iteration", 2, "--group-size", 2,
-            "--eval-tasks", 3, "--eval-heldout", 3, "--framework-tasks",
-            "smolagents-native=2,pydantic-ai=2,smolagents=0", "--curve-every", 2, "--curve-tasks", 2]
+    harnesses, compute is matched. Every method leaves its record in the ledger, the tables are rebuilt from the
+    records alone byte for byte, a second call redoes nothing, and a run of other common ground is refused."""
+    exp, ledger = tmp_path / "exp", tmp_path / "ledger"
+    size = ["--max-new-tokens", 48, "--sft-tasks", 2, "--sft-epochs", 1, "--tiny-size", "1,32,2", "--iterations", 3,
+            "--tasks-per-iteration", 2, "--group-size", 2, "--eval-tasks", 3, "--eval-heldout", 3,
+            "--framework-tasks", "smolagents-native=2,pydantic-ai=2,smolagents=0", "--curve-every", 2,
+            "--curve-tasks", 2]
+    args = ["--experiment", "main", "--run", exp, "--ledger", ledger, *size]
     run_stage("pipeline.py", *args, timeout=1200)
-    comp = json.loads((exp / "comparison.json").read_text())
+    comp = json.loads((exp / "comparison-main.json").read_text())
     rows = {r["name"]: r for r in comp["rows"]}
     assert list(rows) == ["untrained", "warm-start", "harness-scaling", "single", "blackbox-sft", "blackbox-rl"]
     assert comp["reference"] == "harness-scaling"
@@ -191,8 +196,8 @@ def test_experiment_main_from_one_command(tmp_path):
         assert not (exp / m / "assignment.jsonl").exists()
     for r in comp["rows"]:
         assert sorted(r["inspace_ids"]) == sorted(eval_ids)
-        for d in r["evaldirs"]:  # the rollout files themselves: the same (task, harness) pairs for every row
-            pairs = {(e["task_id"], e["harness_id"]) for e in read_jsonl(Path(d) / "inspace.jsonl")}
+        for d in r["evaldirs"]:  # the records' episodes: the same (task, harness) pairs for every row
+            pairs = {(e["task_id"], e["harness_id"]) for e in read_jsonl(ledger / d / "inspace.jsonl")}
             assert pairs == {(t, h) for t in tasks["single"] for h in eval_ids}
         assert r["splits"]["external"]["pairs"] == 3 * 2  # X-shell and X-react: no row trained in them
         assert r["splits"]["smolagents-native"]["pairs"] == r["splits"]["pydantic-ai"]["pairs"] == 2
@@ -232,14 +237,16 @@ def test_experiment_main_from_one_command(tmp_path):
         assert compute[f"{m} (seed 0)"]["training_harnesses"] == ["X-pydantic-ai"]
         assert compute[f"{m} (seed 0)"]["tasks_saw_all_K"] is None
     assert compute["blackbox-rl (seed 0)"]["rollout_episodes"] == hs["rollout_episodes"]
-    md = (exp / "comparison.md").read_text()
+    md = (exp / "comparison-main.md").read_text()
     assert "| harness-scaling |" in md and "## Compute per method" in md and md.count(" (trained in) |") == 2
     assert " native | Δ vs harness-scaling | pydantic-ai 2." in md
     # the transfer curve: harness-scaling and single after 0, 2 and 3 iterations, greedy, on the first 2 test tasks,
     # under the shared evaluation set (held out) and under each run's own training harnesses
-    curve = json.loads((exp / "transfer_curve.json").read_text())
-    assert list(curve["methods"]) == ["harness-scaling", "single"] and curve["eval_ids"] == sorted(eval_ids)
-    for m, c in curve["methods"].items():
+    curve = json.loads((exp / "comparison-transfer_curve.json").read_text())
+    assert list(curve["methods"]) == ["harness-scaling seed0", "single seed0"]  # a line per method and seed
+    assert curve["eval_ids"] == sorted(eval_ids)
+    for line, c in curve["methods"].items():
+        m = line.split()[0]
         assert [r["iteration"] for r in c["curve"]] == [0, 2, 3]
         own = [h["harness_id"] for h in read_jsonl(exp / m / "train_harnesses.jsonl")]
         assert all(r["trained"]["harnesses"] == len(own) and r["held-out"]["harnesses"] == 3 and
@@ -247,10 +254,31 @@ def test_experiment_main_from_one_command(tmp_path):
         episodes = read_jsonl(exp / m / "curve" / "iter-002.jsonl")
         assert {e["harness_id"] for e in episodes} == set(own) | set(eval_ids)
         assert {e["task_id"] for e in episodes} == {t["task_id"] for t in read_jsonl(exp / "curve_tasks.jsonl")}
-    assert (exp / "transfer_curve.md").is_file() and (exp / "transfer_curve.png").is_file()
+        assert read_jsonl(ledger / m / "seed0" / "curve" / "iter-002.jsonl") == \
+            [{k: e.get(k) for k in EPISODE_FIELDS} for e in episodes]  # the record keeps every curve episode
+    assert (exp / "comparison-transfer_curve.md").is_file() and (exp / "comparison-transfer_curve.png").is_file()
 
-    again = run_stage("pipeline.py", *args)
-    assert "python 0" not in again.stdout.replace("[pipeline] evaluation set", "")  # nothing rerun
+    # the ledger: a record per row, small, without paths; the warm start's fingerprint in the common ground
+    records = sorted(str(p.parent.relative_to(ledger)) for p in ledger.glob("*/seed*/record.json"))
+    assert records == sorted(f"{m}/seed0" for m in rows)
+    ground = json.loads((ledger / "ground.json").read_text())
+    assert ground["eval_set"] == sorted(eval_ids) and len(ground["warm_start"]["sha256"]) == 64
+    assert len(ground["warm_start"]["probe"]) == 2 * 11  # 2 demonstration tasks x the 11 warm-start harnesses
+    text = "".join(p.read_text() for p in ledger.rglob("*") if p.is_file())
+    assert str(tmp_path) not in text and "model_turns" not in text and len(text) < 400_000
+    shutil.rmtree(exp / "harness-scaling")  # a run folder gone: its record still makes the table
+    run_stage("compare.py", "--ledger", ledger, "--out", tmp_path / "again")
+    for name in ("main.md", "main.json", "transfer_curve.md", "transfer_curve.json"):
+        assert (tmp_path / f"again-{name}").read_bytes() == (exp / f"comparison-{name}").read_bytes(), name
+
+    again = run_stage("pipeline.py", *args)  # every record there: nothing trained or evaluated again
+    assert "python 0" not in again.stdout.replace("[pipeline] evaluation set", "")
+    assert again.stdout.count("in the ledger already") == len(rows)
+    # another budget into the same ledger: refused before any training, naming the field
+    other = run_stage("pipeline.py", "--experiment", "main", "--run", tmp_path / "exp2", "--ledger", ledger,
+                      "--warmstart", exp / "warmstart", *size, "--lr", 0.5, "--method", "single", check=False)
+    assert other.returncode == 2 and "field budget.lr: 0.0003 vs 0.5" in other.stderr
+    assert "python 04_rollout.py" not in other.stdout
 
 
 def test_the_k_experiment_gives_k5_all_five_harnesses_of_a_task(tmp_path):
