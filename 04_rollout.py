@@ -8,10 +8,8 @@
         --out runs/toy/eval/heldout.jsonl
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external \
         --harness-file data/example_harness.json --out /tmp/oracle_external.jsonl
-    # real agent frameworks as black boxes (docs/blackbox.md): smolagents' text mode, smolagents' and pydantic-ai's
-    # agents with the model's own function calling; pydantic-ai also in train mode (black-box RL, no assignment)
-    python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses smolagents --out /tmp/smol.jsonl
-    python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses pydantic-ai --out /tmp/pydantic.jsonl
+    # inside agent frameworks (docs/blackbox.md): NAME or NAME:N (first N tasks); pydantic-ai also in train mode
+    python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses base,smolagents:8,pydantic-ai --out /tmp/o
     python 04_rollout.py --run runs/bb --iteration 0 --harnesses pydantic-ai --group-size 4 --tasks-per-iteration 32
 
 An episode: S's prompt with T's tool docs and W's rules; each reply is parsed in T's call syntax, its calls run in
@@ -64,7 +62,7 @@ def parse_args(argv=None):
     train.add_argument("--group-size", type=int, default=4, help="samples per (task, harness) = GRPO group")
     train.add_argument("--tasks-per-iteration", type=int, default=32, help="tasks per iteration B (0 = all)")
     evaluation.add_argument("--harnesses", help="base|train|heldout|heldout:N|all|external|id,id,... (ids + "
-                            "external); a framework: smolagents|smolagents-native|pydantic-ai (train mode: this one)")
+                            "external); a framework: smolagents|smolagents-native|pydantic-ai[:N] (train: pydantic-ai)")
     evaluation.add_argument("--harness-file", action="append", default=[], help="your harness JSON/JSONL (repeatable)")
     evaluation.add_argument("--samples", type=int, default=1, help="samples per (task, harness)")
     evaluation.add_argument("--out", help="output rollouts JSONL")
@@ -82,6 +80,7 @@ def parse_args(argv=None):
     what.add_argument("--shard", metavar="I/N", help="run part I of N (0-based) of the episodes, into <out>.shard-I-of-"
                       "N.jsonl; concatenated in order of I, the parts are one process's records (pipeline --gpus N)")
     train.add_argument("--order-seed", type=int, default=0, help="seed of the task order (fixed: batches cycle)")
+    sampling.add_argument("--concurrency", type=int, default=32, help="framework episodes side by side (1: one by one)")
     return p.parse_args(argv)  # (flags added in one fixed order: the config lists them in that order)
 
 
@@ -543,18 +542,17 @@ def train_jobs(args, tasks_by_id, tasks_path):
             for s in range(args.group_size)]
 
 
-def eval_jobs(args, tasks):
-    """Eval mode: every task under every harness --harnesses names (schemas.select_harnesses), --samples each."""
+def eval_jobs(args, tasks, spec):
+    """Eval mode: every task under every harness SPEC names (schemas.select_harnesses), --samples each."""
     external = load_harness_file(EXTERNAL) + [h for f in args.harness_file for h in load_harness_file(f)]
-    harnesses = select_harnesses(args.run, args.harnesses, external, args.seed)
+    harnesses = select_harnesses(args.run, spec, external, args.seed)
     if not harnesses:
-        fail(f"--harnesses {args.harnesses}: no harness selected")
+        fail(f"--harnesses {spec}: no harness selected")
     return [(task, h, episode_meta(task["task_id"], h["harness_id"], s)) for h in harnesses for task in tasks
             for s in range(args.samples)]
 
 
-# The black boxes (docs/blackbox.md): real agent frameworks, each behind a bridge over environment.py. --harnesses NAME
-# -> (module, its episode function). pydantic-ai (the OpenClaw role) is the one the black-box baselines train in.
+# The black boxes (docs/blackbox.md), each behind a bridge: NAME -> (module, episode function); pydantic-ai also trains
 BLACKBOXES = {"smolagents": ("smolagents_harness", "run_smolagents_episodes"),
               "smolagents-native": ("smolagents_native_harness", "run_native_episodes"),
               "pydantic-ai": ("pydantic_ai_harness", "run_pydantic_ai_episodes")}
@@ -562,15 +560,24 @@ EVAL_ONLY = {"smolagents": "evaluation only: its text mode is an unseen call syn
              "smolagents-native": "evaluation only: it plays Claude Code, a role that never trains"}
 
 
-def run_blackbox(args, tasks, policy, backend, tok, positions):
-    """The episodes inside a framework (its bridge imported only when asked for); its bad input becomes ours.
-    Eval: every task x --samples. Train (pydantic-ai): iteration t's batch of the tasks file (train_batch, as in
-    train mode), --group-size samples each, with train mode's meta under the framework's harness id."""
-    module, run = BLACKBOXES[args.harnesses]
+def split_frameworks(spec):
+    """--harnesses SPEC -> (the rest or None, [(framework, N or None)]): an item NAME or NAME:N runs inside that
+    framework on the first N tasks (eval mode, e.g. base,pydantic-ai:8), after the others, on the same engine."""
+    items = [i.strip().partition(":") for i in (spec or "").split(",") if i.strip()]
+    if any(name in BLACKBOXES and sep and not n.isdigit() for name, sep, n in items):
+        fail(f"--harnesses {spec}: a framework is NAME or NAME:N (its first N tasks)")
+    rest = ",".join("".join(i) for i in items if i[0] not in BLACKBOXES)
+    return rest or None, [(name, int(n) if sep else None) for name, sep, n in items if name in BLACKBOXES]
+
+
+def run_blackbox(args, name, tasks, policy, backend, tok, positions):
+    """The episodes inside framework `name` (bridge imported when asked for), --concurrency side by side. Eval: every
+    task x --samples. Train (pydantic-ai): iteration t's batch (train_batch), --group-size each, train mode's meta."""
+    module, run = BLACKBOXES[name]
     try:
         bridge = importlib.import_module(module)
     except ImportError as e:
-        fail(f"--harnesses {args.harnesses}: {e} (pip install -r requirements.txt)")
+        fail(f"--harnesses {name}: {e} (pip install -r requirements.txt)")
     samples, meta = args.samples, None
     if not args.eval:
         t, hid, by_id = args.iteration, bridge.HARNESS_ID, {task["task_id"]: task for task in tasks}
@@ -579,7 +586,8 @@ def run_blackbox(args, tasks, policy, backend, tok, positions):
         meta = lambda task, s: episode_meta(task["task_id"], hid, s, t, visits[task["task_id"]])  # noqa: E731
     try:
         return getattr(bridge, run)(tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
-                                    args.temperature, samples, positions=positions, meta=meta)
+                                    args.temperature, samples, positions=positions, meta=meta,
+                                    concurrency=args.concurrency)
     except bridge.BridgeError as e:
         fail(str(e))
 
@@ -589,7 +597,7 @@ def validate_flags(args):
     """The flags' values, before anything is read. -> the shard (I, N) or None."""
     if args.eval == (args.iteration is not None):
         fail("give exactly one of --iteration t (train mode) or --eval (eval mode)")
-    bad = [f for f in ("group_size", "samples", "max_turns", "max_new_tokens", "tensor_parallel_size")
+    bad = [f for f in ("group_size", "samples", "max_turns", "max_new_tokens", "tensor_parallel_size", "concurrency")
            if getattr(args, f) < 1]
     if bad or args.temperature < 0 or (args.iteration or 0) < 0:
         fail(f"--{(bad or ['temperature/iteration'])[0].replace('_', '-')}: must be >= 1 (>= 0 for --temperature and "
@@ -604,7 +612,7 @@ def validate_flags(args):
     if not args.eval and args.harnesses not in (None, "pydantic-ai"):  # the one framework a method trains in
         why = EVAL_ONLY.get(args.harnesses, "not in train mode, which runs the harnesses of assignment.jsonl")
         fail(f"--harnesses {args.harnesses}: {why}; black-box RL trains inside pydantic-ai (--harnesses pydantic-ai)")
-    if args.shard and args.harnesses in BLACKBOXES:
+    if args.shard and split_frameworks(args.harnesses)[1]:
         fail(f"--shard: not for --harnesses {args.harnesses} (its episodes run inside the framework)")
     return (int(m[1]), int(m[2])) if args.shard else None
 
@@ -641,8 +649,8 @@ def run_stage(args):
     shard = validate_flags(args)  # [multi-GPU] (I, N)
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
-    blackbox = args.harnesses in BLACKBOXES  # episodes run inside a framework, not here (run_blackbox)
-    jobs = [] if blackbox else eval_jobs(args, tasks) if args.eval else \
+    spec, frameworks = split_frameworks(args.harnesses)  # episodes inside a framework run there (run_blackbox)
+    jobs = (eval_jobs(args, tasks, spec) if spec else []) if args.eval else [] if frameworks else \
         train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
     out = output_path(args)
     config_path = out.with_name(out.stem + ".04_rollout_config.json" if args.eval else "04_rollout_config.json")
@@ -657,11 +665,10 @@ def run_stage(args):
     backend, tok, positions = load_for_generation(policy, args)
     seed_everything(args.seed)
     start = time.perf_counter()
-    if blackbox:
-        records = run_blackbox(args, tasks, policy, backend, tok, positions)
-    else:
-        records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
-                               args.temperature)
+    records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
+                           args.temperature, progress=bool(jobs))
+    for name, n in frameworks:  # one engine for all: each framework's episodes after the lockstep ones
+        records += run_blackbox(args, name, tasks[:n], policy, backend, tok, positions)
     wall = time.perf_counter() - start
     for r in records:  # which engine sampled the episode (05: truncated IS where it is not 05's own fp32 forward)
         r["sampler"] = getattr(backend, "sampler", None) if backend else {"backend": "oracle", "dtype": None}

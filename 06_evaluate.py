@@ -86,7 +86,7 @@ def parse_args(argv=None):
                          help="extra out-of-space harness JSON file(s), passed on to 04: your own black-box harness")
     evalset.add_argument("--framework-tasks", default=None, metavar="N|NAME=N[,...]",
                          help="framework columns (NAME: smolagents-native, pydantic-ai, smolagents) on the first N "
-                              "evaluation tasks (their episodes run one by one); a bare N sets all three, 0 leaves a "
+                              "evaluation tasks (a framework's episodes cost most); a bare N sets all three, 0 leaves a "
                               "column out (default: every task), e.g. 8,smolagents=0")
     evalset.add_argument("--no-smolagents", action="store_true",
                          help="leave out smolagents' text-mode column (the same as --framework-tasks smolagents=0)")
@@ -277,10 +277,11 @@ def check_pairs(path, rows, want, hint):
 # ---- the algorithm ----
 # ----------------------------------------------------------------------------- rollouts via stage 04
 def make_rollouts(args, run, policy, out_dir, ids, want, splits):
-    """Ask 04 (eval mode) for the rollouts: base, in-space and external (unseen-syntax) episodes in ONE 04 call (one
-    engine start with vLLM), then split by harness id into one file per split; each framework column in a call of
-    its own (04 --harnesses NAME, on that column's tasks). Existing files are reused (resume) only if
-    checkpoint.json says the same checkpoint and settings made them and they hold exactly this call's pairs."""
+    """Ask 04 (eval mode) for the rollouts of every split in ONE call (one vLLM engine start): base, in-space and
+    external episodes in lockstep, then each framework column inside its framework on its first N tasks (04
+    --harnesses ...,NAME:N); the records are then split by harness id into one file per split. Existing files are
+    reused (resume) only if checkpoint.json says the same checkpoint and settings made them and they hold exactly
+    this call's pairs."""
     request, ck_path = checkpoint_request(args, policy), out_dir / "checkpoint.json"
     old = read_json(ck_path) if ck_path.is_file() else None
     same = old is not None and {k: old.get(k) for k in request} == request
@@ -288,32 +289,26 @@ def make_rollouts(args, run, policy, out_dir, ids, want, splits):
     check_reusable(out_dir, existing, want, request, old)
     done = set(old.get("splits", [])) if same else set()
     todo = [s for s in splits if s not in existing]
-    specs = {"base": args.base_harness, "inspace": ",".join(ids["inspace"]), "external": ",".join(ids["external"])}
-    tasks = tasks_file(args, out_dir)
-    in_one = [s for s in todo if s in specs]  # (name, --harnesses) of each 04 call
-    calls = ([("+".join(in_one), ",".join(specs[s] for s in in_one))] if in_one else []) + \
-        [(s, s) for s in todo if s in FRAMEWORKS]
-    for name, spec in calls:
-        out = out_dir / (f"{name}.jsonl" if name in FRAMEWORKS else "episodes.jsonl")
-        split_tasks = tasks
-        if name in FRAMEWORKS:  # the column's tasks: the first --framework-tasks N
-            split_tasks = out_dir / f"{name}_tasks.jsonl"
-            mine = {t for t, _ in want[name]}
-            write_atomic(split_tasks, jsonl_text(r for _, r in read_jsonl(tasks) if r["task_id"] in mine))
-        cmd = rollout_command(args, run, policy, spec, split_tasks, out, "external" in name)
-        print(f"[06] {name}: " + " ".join(cmd[1:]), flush=True)
-        # run_child passes SIGINT / SIGTERM on to 04 and waits: stopping 06 stops 04 and its vLLM engine too
-        if run_child(cmd, on_stop=f"[06] the '{name}' rollouts were not finished") != 0:
-            fail(f"stage 04 failed while making the '{name}' rollouts (command above)")
-        if name not in FRAMEWORKS:
-            rows = [r for _, r in read_jsonl(out, required=("harness_id",))]  # one file per split, by harness id
-            split_of = {args.base_harness: "base", **{h: "inspace" for h in ids["inspace"]}}
-            for split in name.split("+"):
-                write_atomic(out_dir / f"{split}.jsonl",
-                             jsonl_text(r for r in rows if split_of.get(r["harness_id"], "external") == split))
-            out.unlink()
-        done |= set(name.split("+"))
-        write_atomic(ck_path, json.dumps({**request, "splits": sorted(done)}, indent=2))
+    if not todo:
+        return request
+    # the column's tasks: the first --framework-tasks N (want holds exactly those)
+    specs = {"base": args.base_harness, "inspace": ",".join(ids["inspace"]), "external": ",".join(ids["external"]),
+             **{s: f"{s}:{len({t for t, _ in want[s]})}" for s in FRAMEWORKS}}
+    out = out_dir / "episodes.jsonl"
+    cmd = rollout_command(args, run, policy, ",".join(specs[s] for s in todo), tasks_file(args, out_dir), out,
+                          "external" in todo)
+    print("[06] " + "+".join(todo) + ": " + " ".join(cmd[1:]), flush=True)
+    # run_child passes SIGINT / SIGTERM on to 04 and waits: stopping 06 stops 04 and its vLLM engine too
+    if run_child(cmd, on_stop="[06] the rollouts were not finished") != 0:
+        fail("stage 04 failed while making the rollouts (command above)")
+    rows = [r for _, r in read_jsonl(out, required=("harness_id",))]  # one file per split, by harness id
+    split_of = {args.base_harness: "base", **{h: "inspace" for h in ids["inspace"]},
+                **{h: s for s, h in FRAMEWORKS.items()}}
+    for split in todo:
+        write_atomic(out_dir / f"{split}.jsonl",
+                     jsonl_text(r for r in rows if split_of.get(r["harness_id"], "external") == split))
+    out.unlink()
+    write_atomic(ck_path, json.dumps({**request, "splits": sorted(done | set(todo))}, indent=2))
     return request
 
 

@@ -8,6 +8,7 @@ encode / extend_prompt). Both backends keep one contract, so 04 never knows whic
     backend = HFBackend(path, tok, args) or VLLMBackend(path, tok, args)
     backend.generate([prompt_ids, ...], turn) -> [(completion_ids, logprobs or None), ...]   # prompt order
     backend.generate([prompt_ids, ...], turn, keys=[episode_id, ...])  # each episode's randomness its own (04)
+    backend.generate([prompt_ids, ...], [turn, ...], keys=[episode_id, ...])  # a turn per prompt (the bridges)
     backend, tok, positions = load_for_generation(policy, args)  # 04's policy: a checkpoint, or the oracle's none
 
 completion_ids: the sampled tokens, cut after the first stop token (tok.stop_ids); logprobs: for each of
@@ -154,8 +155,9 @@ class HFBackend:
         sample = T > 0
         picked = []  # picked[i]: [B] log-prob of the token sampled at step i
         # keys: one generator per episode, seeded from (seed, turn, key) (see episode_seed); no keys: the global RNG
-        gens = [torch.Generator(self.device).manual_seed(episode_seed(getattr(self.args, "seed", 0), turn, k))
-                for k in keys] if sample and keys is not None else None
+        turns = turn if isinstance(turn, list) else [turn] * len(prompts)  # a turn per prompt (a bridge's batch)
+        gens = [torch.Generator(self.device).manual_seed(episode_seed(getattr(self.args, "seed", 0), t, k))
+                for t, k in zip(turns, keys)] if sample and keys is not None else None
 
         class Recorder(LogitsProcessor):
             """Holds one step's log-softmax([B, V]) until the next step shows which token was sampled from it,
@@ -236,7 +238,8 @@ class VLLMBackend:
     def generate(self, prompts, turn, keys=None):
         T = self.args.temperature
         # a distinct seed per request: group samples must differ; with keys, the episode's own (see episode_seed)
-        seeds = ([episode_seed(self.args.seed, turn, k) % 2**31 for k in keys] if keys is not None else
+        turns = turn if isinstance(turn, list) else [turn] * len(prompts)  # a turn per prompt (a bridge's batch)
+        seeds = ([episode_seed(self.args.seed, t, k) % 2**31 for t, k in zip(turns, keys)] if keys is not None else
                  [(self.args.seed * 1_000_003 + turn * 10_007 + i) % 2**31 for i in range(len(prompts))])
         params = [self.vllm.SamplingParams(temperature=T, max_tokens=self.args.max_new_tokens, seed=seed,
                                            stop_token_ids=list(self.tok.stop_ids), logprobs=0 if T > 0 else None)

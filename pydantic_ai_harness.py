@@ -257,12 +257,13 @@ def run_episode(task, model, ws, max_turns, meta, policy, temperature):
 
 
 def run_pydantic_ai_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
-                             progress=True, positions=None, meta=None):
-    """Every task x `samples` inside pydantic-ai, one after another; -> 04's records + "framework". meta(task, s):
+                             progress=True, positions=None, meta=None, concurrency=1):
+    """Every task x `samples` inside pydantic-ai, `concurrency` side by side (their model calls batched:
+    smolagents_harness.Lockstep); -> 04's records + "framework". meta(task, s):
     the record's meta (default: eval mode's, group_id "task|X-pydantic-ai|eval"; 04's train mode gives its own).
     backend None = the oracle (tok optional: it only records ids)."""
-    def make_model(task, key):
+    def make_model(task, episode_backend):
         return (OracleModel(task, tok) if backend is None else
-                PolicyModel(EpisodeBackend(backend, key), tok, positions, max_new_tokens))
+                PolicyModel(episode_backend, tok, positions, max_new_tokens))
     return run_bridge_episodes("pydantic-ai", HARNESS_ID, run_episode, make_model, tasks, policy, backend, tok,
-                               max_turns, temperature, samples, progress, meta)
+                               max_turns, temperature, samples, progress, meta, concurrency)

@@ -29,13 +29,15 @@ smolagents cannot parse (AgentParsingError) counts as a parse error; an unknown 
 text) count as tool errors; smolagents reports each one to the model in its own words and the episode goes
 on. A prompt longer than positions - max_new_tokens ends the episode as "context_limit". Reward = the task's
 checker on the final workspace and the submitted answer. There is no W component: workflow_violations is 0.
-Episodes run one after another (smolagents' loop is sequential): one generation call of batch size 1 per
-model turn, so this harness is much slower per episode than 04's lockstep batches.
+smolagents' loop is sequential, so episodes run side by side, one thread each (Lockstep): a model call waits
+until every running episode waits for one, then one batched generation call answers them all.
 
 This file imports no stage: the workspace, its tools and the verifier come from environment.py (as in 04), the chat
 template and the token-in/token-out rule from generation.py; 04 hands it the backend and the tokenizer.
 """
 import json
+import threading
+import time
 
 import smolagents
 from smolagents import (AgentError, AgentGenerationError, AgentMaxStepsError, AgentParsingError,
@@ -221,13 +223,14 @@ class EpisodeModel(Model):
 
 class EpisodeBackend:
     """04's backend for one episode: each generate call draws with the episode's own randomness, keyed by its
-    episode_id (generation.episode_seed) as in 04's lockstep rollouts: the same tokens whatever ran before it."""
+    episode_id (generation.episode_seed) as in 04's lockstep rollouts: the same tokens whatever ran before it or
+    beside it. Its calls go through the Lockstep that runs the episode (batched with the other running episodes')."""
 
-    def __init__(self, backend, key):
-        self.backend, self.key = backend, key
+    def __init__(self, lockstep, key, order):
+        self.lockstep, self.key, self.order = lockstep, key, order
 
     def generate(self, prompts, turn):
-        return self.backend.generate(prompts, turn, keys=[self.key] * len(prompts))
+        return [self.lockstep.generate(self.order, p, turn, self.key) for p in prompts]
 
 
 class PolicyModel(EpisodeModel):
@@ -302,14 +305,90 @@ def eval_meta(harness_id):
                             "visit": None, "group_id": f"{task['task_id']}|{harness_id}|eval", "sample_index": s}
 
 
+# ----------------------------------------------------------------------------- episodes side by side
+class Lockstep:
+    """A framework's episodes run side by side, one thread each (a framework's loop is sequential), and meet here
+    for their model calls: a call waits until every running episode waits for one, then ONE batched generate call
+    answers them all, in episode order (04's lockstep, across episodes the framework steps on its own). Each
+    request keeps its episode's turn and key (generation.episode_seed), so an episode draws its own tokens whichever
+    episodes share its batch. Python runs one episode at a time (the baton: held except while waiting here), so
+    neither the framework nor the tokenizer runs in two threads at once. window 1: one episode after another."""
+
+    def __init__(self, backend, window):
+        self.backend, self.window = backend, max(1, window)
+        self.cond, self.baton = threading.Condition(), threading.Lock()
+        self.pending, self.running, self.calls = [], 0, 0
+
+    def generate(self, order, prompt, turn, key):
+        """One episode's request (from its thread, holding the baton) -> (completion ids, log-probs)."""
+        slot = {"order": order, "prompt": prompt, "turn": turn, "key": key}
+        self.baton.release()
+        try:
+            with self.cond:
+                self.pending.append(slot)
+                self.flush_if_all_wait()
+                while "out" not in slot:
+                    self.cond.wait()
+        finally:
+            self.baton.acquire()
+        if isinstance(slot["out"], BaseException):  # the batch's generate call failed: each episode raises it
+            raise slot["out"]
+        return slot["out"]
+
+    def flush_if_all_wait(self):
+        """With self.cond held: once every running episode waits, one generate call for all their requests."""
+        if not self.pending or len(self.pending) < self.running:
+            return
+        batch, self.pending = sorted(self.pending, key=lambda x: x["order"]), []
+        self.calls += 1
+        try:
+            outs = self.backend.generate([x["prompt"] for x in batch], [x["turn"] for x in batch],
+                                         keys=[x["key"] for x in batch])
+        except Exception as e:
+            outs = [e] * len(batch)
+        for x, out in zip(batch, outs):
+            x["out"] = out
+        self.cond.notify_all()
+
+    def run(self, jobs, done=lambda: None):
+        """jobs: one callable per episode -> their results in job order. `window` workers each take the next job
+        when their episode ends, so the episodes of every batch are the same from run to run. An exception in an
+        episode (a bridge's BridgeError) stops new episodes from starting; the first one (in job order) is raised."""
+        results, todo, errors = [None] * len(jobs), iter(enumerate(jobs)), []  # errors: (job index, exception)
+
+        def worker():
+            with self.baton:
+                while True:
+                    with self.cond:
+                        job = None if errors else next(todo, None)
+                        if job is None:
+                            self.running -= 1
+                            self.flush_if_all_wait()
+                            return
+                    try:
+                        results[job[0]] = job[1]()
+                        done()
+                    except BaseException as e:
+                        errors.append((job[0], e))
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(self.window, len(jobs)))]
+        self.running = len(threads)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise min(errors, key=lambda x: x[0])[1]
+        return results
+
+
 def run_bridge_episodes(name, harness_id, run_episode, make_model, tasks, policy, backend, tok, max_turns,
-                        temperature, samples=1, progress=True, meta=None):
-    """Every task x `samples` inside a framework, one episode after another (its loop is sequential); -> records
-    in 04's schema plus "framework". meta(task, s) -> the record's meta (default: eval mode's, eval_meta; 04's
-    train mode gives its own). backend None = the oracle (tok optional: it only records token ids); otherwise 04's
-    HFBackend or VLLMBackend and the policy's tok. make_model(task, key) -> the episode's Model (the oracle's, or the
-    policy's drawing through EpisodeBackend(backend, key), key = the episode_id). Every bridge runs its episodes
-    through this function."""
+                        temperature, samples=1, progress=True, meta=None, concurrency=1):
+    """Every task x `samples` inside a framework; -> records in 04's schema plus "framework", in task x sample order.
+    meta(task, s) -> the record's meta (default: eval mode's, eval_meta; 04's train mode gives its own). backend
+    None = the oracle (tok optional: it only records token ids); otherwise 04's HFBackend or VLLMBackend and the
+    policy's tok. make_model(task, episode_backend) -> the episode's Model (the oracle's, or the policy's drawing
+    through episode_backend: EpisodeBackend(lockstep, episode_id, order)). concurrency: episodes run side by side,
+    their model calls batched (Lockstep); 1 = one after another. Every bridge runs its episodes through here."""
     if max_turns < 1 or samples < 1:
         raise BridgeError(f"{name} harness: max_turns and samples must be >= 1")
     missing = [t["task_id"] for t in tasks if backend is None and not t.get("solution")]
@@ -318,16 +397,25 @@ def run_bridge_episodes(name, harness_id, run_episode, make_model, tasks, policy
     if backend is not None and tok is None:
         raise BridgeError(f"{name} harness: a policy backend needs the policy's tokenizer")
     metas = [(task, (meta or eval_meta(harness_id))(task, s)) for task in tasks for s in range(samples)]
-    return [run_episode(task, make_model(task, m["episode_id"]), Workspace(task["files"]), max_turns, m, policy,
-                        temperature)
-            for task, m in tqdm(metas, desc=f"{name} episodes", disable=not progress, leave=False)]
+    lockstep = Lockstep(backend, concurrency if backend is not None else 1)  # the oracle generates nothing
+    bar = tqdm(total=len(metas), desc=f"{name} episodes", disable=not progress, leave=False)
+    jobs = [lambda task=task, m=m, i=i: run_episode(
+        task, make_model(task, EpisodeBackend(lockstep, m["episode_id"], i)), Workspace(task["files"]), max_turns, m,
+        policy, temperature) for i, (task, m) in enumerate(metas)]
+    start = time.perf_counter()
+    records = lockstep.run(jobs, bar.update)
+    bar.close()
+    if progress:
+        print(f"[{name}] {len(records)} episodes in {time.perf_counter() - start:.1f} s ({lockstep.calls} generate "
+              f"calls, up to {lockstep.window} episodes side by side)", flush=True)
+    return records
 
 
 def run_smolagents_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
-                            progress=True, positions=None, meta=None):
+                            progress=True, positions=None, meta=None, concurrency=1):
     """The episodes inside smolagents' text mode (run_bridge_episodes)."""
-    def make_model(task, key):
+    def make_model(task, episode_backend):
         return (OracleModel(task, tok) if backend is None else
-                PolicyModel(EpisodeBackend(backend, key), tok, positions, max_new_tokens, str(policy)))
+                PolicyModel(episode_backend, tok, positions, max_new_tokens, str(policy)))
     return run_bridge_episodes("smolagents", HARNESS_ID, run_episode, make_model, tasks, policy, backend, tok,
-                               max_turns, temperature, samples, progress, meta)
+                               max_turns, temperature, samples, progress, meta, concurrency)

@@ -111,11 +111,12 @@ def run_episode(task, model, ws, max_turns, meta, policy, temperature):
 
 
 def run_native_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
-                        progress=True, positions=None, meta=None):
-    """Every task x `samples` inside smolagents with native tool calls, one after another; -> 04's records
+                        progress=True, positions=None, meta=None, concurrency=1):
+    """Every task x `samples` inside smolagents with native tool calls, `concurrency` side by side (their model calls
+    batched: smolagents_harness.Lockstep); -> 04's records
     (default: eval mode's, group_id "task|X-smolagents-native|eval") + "framework". backend None = the oracle."""
-    def make_model(task, key):
+    def make_model(task, episode_backend):
         return (OracleModel(task, tok) if backend is None else
-                PolicyModel(EpisodeBackend(backend, key), tok, positions, max_new_tokens, str(policy)))
+                PolicyModel(episode_backend, tok, positions, max_new_tokens, str(policy)))
     return run_bridge_episodes("smolagents (native)", HARNESS_ID, run_episode, make_model, tasks, policy, backend,
-                               tok, max_turns, temperature, samples, progress, meta)
+                               tok, max_turns, temperature, samples, progress, meta, concurrency)
