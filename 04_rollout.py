@@ -552,10 +552,9 @@ def eval_jobs(args, tasks, spec):
             for s in range(args.samples)]
 
 
-# The black boxes (docs/blackbox.md), each behind a bridge: NAME -> (module, episode function); pydantic-ai also trains
-BLACKBOXES = {"smolagents": ("smolagents_harness", "run_smolagents_episodes"),
-              "smolagents-native": ("smolagents_native_harness", "run_native_episodes"),
-              "pydantic-ai": ("pydantic_ai_harness", "run_pydantic_ai_episodes")}
+# The black boxes (docs/blackbox.md), each behind a bridge: NAME -> its module; pydantic-ai also trains
+BLACKBOXES = {"smolagents": "smolagents_harness", "smolagents-native": "smolagents_native_harness",
+              "pydantic-ai": "pydantic_ai_harness"}
 EVAL_ONLY = {"smolagents": "evaluation only: its text mode is an unseen call syntax, no method trains in it",
              "smolagents-native": "evaluation only: it plays Claude Code, a role that never trains"}
 
@@ -570,25 +569,27 @@ def split_frameworks(spec):
     return rest or None, [(name, int(n) if sep else None) for name, sep, n in items if name in BLACKBOXES]
 
 
-def run_blackbox(args, name, tasks, policy, backend, tok, positions):
-    """The episodes inside framework `name` (bridge imported when asked for), --concurrency side by side. Eval: every
-    task x --samples. Train (pydantic-ai): iteration t's batch (train_batch), --group-size each, train mode's meta."""
-    module, run = BLACKBOXES[name]
+def run_blackbox(args, frameworks, tasks, policy, backend, tok, positions):
+    """The episodes inside each framework (NAME, its first N tasks), all side by side, --concurrency at a time, model
+    calls batched across frameworks (smolagents_harness.Lockstep). Eval: every task x --samples. Train (pydantic-ai):
+    iteration t's batch (train_batch), --group-size each, train mode's meta. Bridges imported when asked for."""
+    jobs = []
     try:
-        bridge = importlib.import_module(module)
-    except ImportError as e:
-        fail(f"--harnesses {name}: {e} (pip install -r requirements.txt)")
-    samples, meta = args.samples, None
-    if not args.eval:
-        t, hid, by_id = args.iteration, bridge.HARNESS_ID, {task["task_id"]: task for task in tasks}
-        visits = dict(batch_visits(list(by_id), t, args.tasks_per_iteration, args.order_seed))
-        tasks, samples = [by_id[tid] for tid in visits], args.group_size
-        meta = lambda task, s: episode_meta(task["task_id"], hid, s, t, visits[task["task_id"]])  # noqa: E731
-    try:
-        return getattr(bridge, run)(tasks, policy, backend, tok, args.max_turns, args.max_new_tokens,
-                                    args.temperature, samples, positions=positions, meta=meta,
-                                    concurrency=args.concurrency)
-    except bridge.BridgeError as e:
+        for name, n in frameworks:
+            try:
+                bridge = importlib.import_module(BLACKBOXES[name])
+            except ImportError as e:
+                fail(f"--harnesses {name}: {e} (pip install -r requirements.txt)")
+            mine, samples, meta = tasks[:n], args.samples, None
+            if not args.eval:
+                t, hid, by_id = args.iteration, bridge.HARNESS_ID, {task["task_id"]: task for task in mine}
+                visits = dict(batch_visits(list(by_id), t, args.tasks_per_iteration, args.order_seed))
+                mine, samples = [by_id[tid] for tid in visits], args.group_size
+                meta = lambda task, s, v=visits: episode_meta(task["task_id"], hid, s, t, v[task["task_id"]])  # noqa
+            jobs += bridge.episode_jobs(mine, policy, backend, tok, args.max_turns, args.max_new_tokens,
+                                        args.temperature, samples, positions, meta)
+        return bridge.run_jobs("+".join(f for f, _ in frameworks), jobs, backend, args.concurrency) if jobs else []
+    except bridge.BridgeError as e:  # bad input (every bridge raises smolagents_harness.BridgeError): exit 2
         fail(str(e))
 
 
@@ -667,8 +668,7 @@ def run_stage(args):
     start = time.perf_counter()
     records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
                            args.temperature, progress=bool(jobs))
-    for name, n in frameworks:  # one engine for all: each framework's episodes after the lockstep ones
-        records += run_blackbox(args, name, tasks[:n], policy, backend, tok, positions)
+    records += run_blackbox(args, frameworks, tasks, policy, backend, tok, positions)  # same engine, after
     wall = time.perf_counter() - start
     for r in records:  # which engine sampled the episode (05: truncated IS where it is not 05's own fp32 forward)
         r["sampler"] = getattr(backend, "sampler", None) if backend else {"backend": "oracle", "dtype": None}

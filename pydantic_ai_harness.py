@@ -41,8 +41,8 @@ from generation import (ToolTemplate, encode, extend_prompt, hermes_messages, pa
                         safe_json, sampled_reply, scripted_reply, tool_call_text)
 from environment import check_results, safe, score
 from smolagents_harness import BridgeError  # noqa: F401  (04 uses it through this module)
-from smolagents_harness import (Calculator, ContextLimit, EpisodeBackend, ListFiles, ReadFile, Search, WriteFile,
-                                run_bridge_episodes, workspace_call)
+from smolagents_harness import (Calculator, ContextLimit, ListFiles, ReadFile, Search, WriteFile, bridge_jobs,
+                                run_jobs, workspace_call)
 
 HARNESS_ID = "X-pydantic-ai"
 FRAMEWORK = f"pydantic-ai {pydantic_ai.__version__}"  # e.g. "pydantic-ai 2.68.0", recorded in every episode
@@ -256,14 +256,21 @@ def run_episode(task, model, ws, max_turns, meta, policy, temperature):
             "framework": FRAMEWORK}
 
 
-def run_pydantic_ai_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
-                             progress=True, positions=None, meta=None, concurrency=1):
-    """Every task x `samples` inside pydantic-ai, `concurrency` side by side (their model calls batched:
-    smolagents_harness.Lockstep); -> 04's records + "framework". meta(task, s):
-    the record's meta (default: eval mode's, group_id "task|X-pydantic-ai|eval"; 04's train mode gives its own).
-    backend None = the oracle (tok optional: it only records ids)."""
+def episode_jobs(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1, positions=None,
+                 meta=None):
+    """Every task x `samples` inside pydantic-ai as Lockstep jobs (smolagents_harness.bridge_jobs). meta(task, s): the
+    record's meta (default: eval mode's, group_id "task|X-pydantic-ai|eval"; 04's train mode gives its own). backend
+    None = the oracle (tok optional: it only records ids)."""
     def make_model(task, episode_backend):
         return (OracleModel(task, tok) if backend is None else
                 PolicyModel(episode_backend, tok, positions, max_new_tokens))
-    return run_bridge_episodes("pydantic-ai", HARNESS_ID, run_episode, make_model, tasks, policy, backend, tok,
-                               max_turns, temperature, samples, progress, meta, concurrency)
+    return bridge_jobs("pydantic-ai", HARNESS_ID, run_episode, make_model, tasks, policy, backend, tok, max_turns,
+                       temperature, samples, meta)
+
+
+def run_pydantic_ai_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
+                             progress=True, positions=None, meta=None, concurrency=1):
+    """The episodes inside pydantic-ai, `concurrency` side by side (their model calls batched:
+    smolagents_harness.Lockstep); -> 04's records + "framework"."""
+    return run_jobs("pydantic-ai", episode_jobs(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature,
+                                                samples, positions, meta), backend, concurrency, progress)

@@ -351,9 +351,10 @@ class Lockstep:
         self.cond.notify_all()
 
     def run(self, jobs, done=lambda: None):
-        """jobs: one callable per episode -> their results in job order. `window` workers each take the next job
-        when their episode ends, so the episodes of every batch are the same from run to run. An exception in an
-        episode (a bridge's BridgeError) stops new episodes from starting; the first one (in job order) is raised."""
+        """jobs: one callable per episode, job(lockstep, its index) -> their results in job order. `window` workers
+        each take the next job when their episode ends, so the episodes of every batch are the same from run to run.
+        An exception in an episode (a BridgeError) stops new episodes from starting; the first (in job order) is
+        raised."""
         results, todo, errors = [None] * len(jobs), iter(enumerate(jobs)), []  # errors: (job index, exception)
 
         def worker():
@@ -366,7 +367,7 @@ class Lockstep:
                             self.flush_if_all_wait()
                             return
                     try:
-                        results[job[0]] = job[1]()
+                        results[job[0]] = job[1](self, job[0])
                         done()
                     except BaseException as e:
                         errors.append((job[0], e))
@@ -381,14 +382,14 @@ class Lockstep:
         return results
 
 
-def run_bridge_episodes(name, harness_id, run_episode, make_model, tasks, policy, backend, tok, max_turns,
-                        temperature, samples=1, progress=True, meta=None, concurrency=1):
-    """Every task x `samples` inside a framework; -> records in 04's schema plus "framework", in task x sample order.
-    meta(task, s) -> the record's meta (default: eval mode's, eval_meta; 04's train mode gives its own). backend
-    None = the oracle (tok optional: it only records token ids); otherwise 04's HFBackend or VLLMBackend and the
-    policy's tok. make_model(task, episode_backend) -> the episode's Model (the oracle's, or the policy's drawing
-    through episode_backend: EpisodeBackend(lockstep, episode_id, order)). concurrency: episodes run side by side,
-    their model calls batched (Lockstep); 1 = one after another. Every bridge runs its episodes through here."""
+def bridge_jobs(name, harness_id, run_episode, make_model, tasks, policy, backend, tok, max_turns, temperature,
+                samples=1, meta=None):
+    """Every task x `samples` inside a framework as Lockstep jobs, in task x sample order: job(lockstep, order) -> the
+    episode's record in 04's schema plus "framework". meta(task, s) -> the record's meta (default: eval mode's,
+    eval_meta; 04's train mode gives its own). backend None = the oracle (tok optional: it only records token ids);
+    otherwise 04's HFBackend or VLLMBackend and the policy's tok. make_model(task, episode_backend) -> the episode's
+    Model (the oracle's, or the policy's drawing through EpisodeBackend(lockstep, episode_id, order)). Every bridge
+    makes its episodes here."""
     if max_turns < 1 or samples < 1:
         raise BridgeError(f"{name} harness: max_turns and samples must be >= 1")
     missing = [t["task_id"] for t in tasks if backend is None and not t.get("solution")]
@@ -397,11 +398,16 @@ def run_bridge_episodes(name, harness_id, run_episode, make_model, tasks, policy
     if backend is not None and tok is None:
         raise BridgeError(f"{name} harness: a policy backend needs the policy's tokenizer")
     metas = [(task, (meta or eval_meta(harness_id))(task, s)) for task in tasks for s in range(samples)]
-    lockstep = Lockstep(backend, concurrency if backend is not None else 1)  # the oracle generates nothing
-    bar = tqdm(total=len(metas), desc=f"{name} episodes", disable=not progress, leave=False)
-    jobs = [lambda task=task, m=m, i=i: run_episode(
-        task, make_model(task, EpisodeBackend(lockstep, m["episode_id"], i)), Workspace(task["files"]), max_turns, m,
-        policy, temperature) for i, (task, m) in enumerate(metas)]
+    return [lambda lockstep, order, task=task, m=m: run_episode(
+        task, make_model(task, EpisodeBackend(lockstep, m["episode_id"], order)), Workspace(task["files"]), max_turns,
+        m, policy, temperature) for task, m in metas]
+
+
+def run_jobs(name, jobs, backend, concurrency=1, progress=True):
+    """Lockstep jobs (one framework's or several's) -> their records, in job order: `concurrency` episodes side by
+    side, their model calls batched (Lockstep); 1 = one after another, as does the oracle (it generates nothing)."""
+    lockstep = Lockstep(backend, concurrency if backend is not None else 1)
+    bar = tqdm(total=len(jobs), desc=f"{name} episodes", disable=not progress, leave=False)
     start = time.perf_counter()
     records = lockstep.run(jobs, bar.update)
     bar.close()
@@ -411,11 +417,18 @@ def run_bridge_episodes(name, harness_id, run_episode, make_model, tasks, policy
     return records
 
 
-def run_smolagents_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
-                            progress=True, positions=None, meta=None, concurrency=1):
-    """The episodes inside smolagents' text mode (run_bridge_episodes)."""
+def episode_jobs(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1, positions=None,
+                 meta=None):
+    """The episodes inside smolagents' text mode as Lockstep jobs (bridge_jobs)."""
     def make_model(task, episode_backend):
         return (OracleModel(task, tok) if backend is None else
                 PolicyModel(episode_backend, tok, positions, max_new_tokens, str(policy)))
-    return run_bridge_episodes("smolagents", HARNESS_ID, run_episode, make_model, tasks, policy, backend, tok,
-                               max_turns, temperature, samples, progress, meta, concurrency)
+    return bridge_jobs("smolagents", HARNESS_ID, run_episode, make_model, tasks, policy, backend, tok, max_turns,
+                       temperature, samples, meta)
+
+
+def run_smolagents_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
+                            progress=True, positions=None, meta=None, concurrency=1):
+    """The episodes inside smolagents' text mode, `concurrency` side by side -> records (run_jobs)."""
+    return run_jobs("smolagents", episode_jobs(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature,
+                                               samples, positions, meta), backend, concurrency, progress)

@@ -30,7 +30,7 @@ import smolagents_harness as text_bridge
 from generation import (ToolTemplate, encode, extend_prompt, parse_tool_calls, sampled_reply, scripted_reply,
                         tool_call_text)
 from environment import safe
-from smolagents_harness import ContextLimit, EpisodeBackend, run_bridge_episodes
+from smolagents_harness import ContextLimit, bridge_jobs, run_jobs
 from smolagents_harness import BridgeError  # noqa: F401  (04 uses it through this module)
 
 HARNESS_ID = "X-smolagents-native"
@@ -110,13 +110,21 @@ def run_episode(task, model, ws, max_turns, meta, policy, temperature):
     return {**record, "harness_id": HARNESS_ID, "framework": FRAMEWORK}
 
 
-def run_native_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
-                        progress=True, positions=None, meta=None, concurrency=1):
-    """Every task x `samples` inside smolagents with native tool calls, `concurrency` side by side (their model calls
-    batched: smolagents_harness.Lockstep); -> 04's records
-    (default: eval mode's, group_id "task|X-smolagents-native|eval") + "framework". backend None = the oracle."""
+def episode_jobs(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1, positions=None,
+                 meta=None):
+    """Every task x `samples` inside smolagents with native tool calls as Lockstep jobs (smolagents_harness.bridge_jobs;
+    default meta: eval mode's, group_id "task|X-smolagents-native|eval"); backend None = the oracle."""
     def make_model(task, episode_backend):
         return (OracleModel(task, tok) if backend is None else
                 PolicyModel(episode_backend, tok, positions, max_new_tokens, str(policy)))
-    return run_bridge_episodes("smolagents (native)", HARNESS_ID, run_episode, make_model, tasks, policy, backend,
-                               tok, max_turns, temperature, samples, progress, meta, concurrency)
+    return bridge_jobs("smolagents (native)", HARNESS_ID, run_episode, make_model, tasks, policy, backend, tok,
+                       max_turns, temperature, samples, meta)
+
+
+def run_native_episodes(tasks, policy, backend, tok, max_turns, max_new_tokens, temperature, samples=1,
+                        progress=True, positions=None, meta=None, concurrency=1):
+    """The episodes inside smolagents (native tool calls), `concurrency` side by side (their model calls batched:
+    smolagents_harness.Lockstep); -> 04's records + "framework"."""
+    return run_jobs("smolagents (native)", episode_jobs(tasks, policy, backend, tok, max_turns, max_new_tokens,
+                                                        temperature, samples, positions, meta), backend, concurrency,
+                    progress)

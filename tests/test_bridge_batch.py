@@ -124,3 +124,12 @@ def test_06_makes_every_split_in_one_04_call(tmp_path):
     rows = {s: [json.loads(x) for x in (out / f"{s}.jsonl").read_text().splitlines()]
             for s in ("smolagents-native", "pydantic-ai", "smolagents")}
     assert [len(r) for r in rows.values()] == [2, 2, 1] and all(e["success"] for r in rows.values() for e in r)
+
+
+def test_frameworks_named_together_share_their_batches(tiny, tmp_path, monkeypatch):
+    """04 --harnesses A,B: both frameworks' episodes side by side in one Lockstep, the records those of A then B."""
+    both = "smolagents-native,pydantic-ai"
+    alone, _ = rollouts(tiny, tmp_path, both, 1.0, 1, monkeypatch)
+    together, sizes = rollouts(tiny, tmp_path, both, 1.0, 12, monkeypatch)
+    assert max(sizes) == 12 and together == alone  # 6 episodes in each framework, all 12 in one batch
+    assert [r["harness_id"] for r in together] == ["X-smolagents-native"] * 6 + ["X-pydantic-ai"] * 6
