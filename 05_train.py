@@ -648,7 +648,8 @@ def run_stage(args):
     variants = variants_from_env()
     dist.init(args.fsdp, "naive-local-nb" in variants)  # torchrun: join the process group
     policy, rollouts, out, ref, episodes, warnings = check_inputs(args)
-    # ---- seeding: python, numpy, torch (CPU + CUDA); the minibatch order has its own generator
+    # ---- seeding: python, numpy, torch (CPU + CUDA); the minibatch order has its own generator. CPU, fp32: the same
+    # bits run after run, with 1 or 2 threads; AVX2 vs AVX512 kernels round otherwise (bench/warmstart_repro.py)
     seed_everything(args.seed)
     shuffle_gen = torch.Generator().manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -679,7 +680,8 @@ def run_stage(args):
     summary = dict(info, steps=len(log), prep_s=prep_s, update_s=update_s, device=device, bf16_autocast=amp,
                    first_loss=log[0]["loss"], last_loss=log[-1]["loss"], warnings=warnings)
     config = dict(args=vars(args), policy=str(policy), rollouts=str(rollouts), out=str(out),
-                  ref_policy=str(ref) if uses_kl(args) else None, seed=args.seed, torch=torch.__version__, **summary)
+                  ref_policy=str(ref) if uses_kl(args) else None, seed=args.seed, torch=torch.__version__,
+                  threads=torch.get_num_threads(), cpu_kernels=torch.backends.cpu.get_cpu_capability(), **summary)
     if variants:
         config["test_variants"] = sorted(variants)
     if not save(args, model, vhead, tok, opt, shapes, log, config):

@@ -1,5 +1,6 @@
-"""The policy model's plumbing, in three parts: generation (04, the bridges), function calling (the black-box
-bridges), the policy in training (05). The stages own their algorithms; this file owns what touches the model.
+"""The policy model's plumbing, in four parts: generation (04, the bridges), function calling (the black-box
+bridges), the policy in training (05), the weights' fingerprint (the ledger). The stages own their algorithms; this
+file owns what touches the model.
 
 Generation: a policy checkpoint turns a batch of prompts into completions. 04_rollout.py owns the episodes; this
 part owns only "token ids in, token ids out" (the smolagents bridge uses the same backends, made by 04, and
@@ -30,10 +31,16 @@ head, check_head, placed on the device) and load_reference (the KL's), forward (
 through a chunked LM head, values, entropies), token_batch and micro_batches, score_sequences (log-probs without
 gradients: pi_old, pi_ref), load_optimizer / save_checkpoint (the folder 05 writes and the next update reads). Where
 torchrun splits the work, 05 passes its `dist` hooks in (placed, ranks, shards); generation.py never imports them.
+
+The weights' fingerprint (ledger.py, bench/warmstart_repro.py), read from the safetensors file(s) without torch:
+
+    fp = weights_fingerprint(policy_dir)   # {sha256, tensors, elements, sketch}: the same weights, the same sha256
+    fingerprint_distance(fp_a, fp_b)       # {same_hash, max_abs, max_rel, first_differing, ...} from the sketches
 """
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -664,3 +671,123 @@ def save_checkpoint(out, model, tok, full, algo, shapes, beside):
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
+
+
+# ----------------------------------------------------------------------------- the weights' fingerprint (ledger)
+# Whether two checkpoints hold the same weights, read from their safetensors file(s) without torch. The hash covers
+# every tensor's name, dtype, shape and bytes, not the files' bytes (their JSON header, its order and metadata may
+# differ while the weights do not). When two re-creations of a warm start differ (another machine rounds otherwise),
+# the sketch says by how much: per tensor its sum, its sum of squares (float64) and SKETCH_VALUES of its values.
+SKETCH_VALUES = 8  # values per tensor, at flat indices drawn by a generator seeded with the tensor's name
+SKETCH_CHUNK = 1 << 22  # elements summed at a time (float64): a fixed order, bounded memory
+NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+                "I8": "i1", "U8": "u1", "BOOL": "?"}  # safetensors dtype -> how numpy reads it (BF16: the raw bits)
+
+
+def stored_tensors(policy_dir):
+    """Every tensor of the folder's *.safetensors file(s) (one file, or the shards of a sharded checkpoint), sorted by
+    name. -> [(name, dtype, shape, its bytes: a memoryview of the memory-mapped file)]"""
+    import mmap
+    import numpy as np
+    files = sorted(Path(policy_dir).glob("*.safetensors"))
+    if not files:
+        fail(f"{policy_dir}: no *.safetensors file (expected a save_pretrained folder with safetensors weights)")
+    tensors = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            buf = memoryview(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)) if f.stat().st_size else b""
+        # the format: an 8-byte little-endian header length n, n bytes of JSON header, then the data
+        n = int.from_bytes(buf[:8], "little") if len(buf) >= 8 else -1
+        try:
+            header = json.loads(bytes(buf[8:8 + n])) if 0 < n <= len(buf) - 8 else None
+        except ValueError:
+            header = None
+        if not isinstance(header, dict):
+            fail(f"{f}: not a safetensors file (unreadable header)")
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dtype, shape, (a, b) = t["dtype"], [int(d) for d in t["shape"]], t["data_offsets"]
+                item = np.dtype(NUMPY_DTYPES[dtype]).itemsize if dtype in NUMPY_DTYPES else None
+                ok = 0 <= a <= b <= len(buf) - 8 - n and (item is None or b - a == item * math.prod(shape))
+            except (TypeError, KeyError, ValueError):
+                ok = False
+            if not ok or name in tensors:
+                fail(f"{f}: tensor {name}: {'named twice' if ok else 'its dtype, shape or data_offsets do not fit'}")
+            tensors[name] = (dtype, shape, buf[8 + n + a:8 + n + b])
+    return [(name, *tensors[name]) for name in sorted(tensors)]
+
+
+def sketch_indices(name, numel):
+    """The flat indices of tensor `name`'s sketched values: SKETCH_VALUES distinct ones (all, if it has fewer), drawn
+    without replacement by random.Random seeded with the first 8 bytes of sha256(name), little endian."""
+    import random
+    rng = random.Random(int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little"))
+    return rng.sample(range(numel), min(SKETCH_VALUES, numel))
+
+
+def as_float64(dtype, data):
+    """A tensor's stored bytes as float64 values (numpy), exactly: BF16 is the top half of an fp32."""
+    import numpy as np
+    x = np.frombuffer(data, dtype=NUMPY_DTYPES[dtype])
+    if dtype == "BF16":
+        x = (x.astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float64)
+
+
+def weights_fingerprint(policy_dir):
+    """The fingerprint of a checkpoint's weights, from its safetensors file(s), without torch.
+    -> {sha256, tensors, elements, sketch: {name: [dtype, shape, sum, sum of squares, [values]]}}
+    sha256 runs over each tensor in sorted name order: json([name, dtype, shape]) + "\\n", its byte count (8 bytes,
+    little endian), its bytes. The sketch (float64; the values at sketch_indices(name, numel), as stored, rounded to
+    the shortest decimal of their float32) takes ~200 bytes of JSON a tensor: 55 KB for SmolLM2-135M's 272 tensors."""
+    import numpy as np
+    h, sketch, elements = hashlib.sha256(), {}, 0
+    for name, dtype, shape, data in stored_tensors(policy_dir):
+        h.update((json.dumps([name, dtype, shape]) + "\n").encode())
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+        numel = math.prod(shape)
+        elements += numel
+        if dtype not in NUMPY_DTYPES:  # e.g. an fp8 checkpoint: in the hash, not in the sketch
+            sketch[name] = [dtype, shape, None, None, []]
+            continue
+        item = len(data) // max(1, numel)
+        total = squares = 0.0
+        for a in range(0, numel, SKETCH_CHUNK):  # sum x, sum x^2 in float64, chunk by chunk (a fixed order)
+            x = as_float64(dtype, data[a * item:(a + SKETCH_CHUNK) * item])
+            total, squares = total + float(x.sum()), squares + float((x * x).sum())
+        picked = [as_float64(dtype, data[i * item:(i + 1) * item])[0] for i in sketch_indices(name, numel)]
+        values = [float(str(np.float32(v))) if dtype in ("F32", "F16", "BF16") else float(v) for v in picked]
+        sketch[name] = [dtype, shape, total, squares, values]
+    return dict(sha256=h.hexdigest(), tensors=len(sketch), elements=elements, sketch=sketch)
+
+
+def fingerprint_distance(a, b):
+    """How far two fingerprints (weights_fingerprint) are apart. -> {same_hash, max_abs, max_rel, first_differing,
+    differing, compared}. max_abs: the largest |a - b| of a sketched value, in weight units. max_rel: the largest
+    difference relative to its tensor's scale, over every tensor: a value's |a - b| / rms (rms = sqrt(sum x^2 / n)),
+    the sum's |a - b| / sqrt(n sum x^2) (its largest possible size, by Cauchy-Schwarz), the sum of squares'
+    |a - b| / sum x^2. A tensor in one sketch only, or of another dtype or shape, makes both infinite.
+    first_differing: the first tensor (sorted by name) whose sketch differs, or None; differing: how many do."""
+    sa, sb = a["sketch"], b["sketch"]
+    max_abs = max_rel = 0.0
+    differing = []
+    for name in sorted(set(sa) | set(sb)):
+        x, y = sa.get(name), sb.get(name)
+        if x == y:
+            continue
+        differing.append(name)
+        if x is None or y is None or x[:2] != y[:2] or None in (x[2], y[2]):
+            max_abs = max_rel = math.inf
+            continue
+        numel, squares = math.prod(x[1]), max(x[3], y[3])
+        rms = math.sqrt(squares / numel) if numel else 0.0
+        dv = max((abs(u - v) for u, v in zip(x[4], y[4])), default=0.0)
+        max_abs = max(max_abs, dv)
+        rel = [(dv, rms), (abs(x[2] - y[2]), math.sqrt(numel * squares)), (abs(x[3] - y[3]), squares)]
+        max_rel = max(max_rel, *(d / s if s else (math.inf if d else 0.0) for d, s in rel))
+    return dict(same_hash=a.get("sha256") is not None and a.get("sha256") == b.get("sha256"), max_abs=max_abs,
+                max_rel=max_rel, first_differing=differing[0] if differing else None, differing=len(differing),
+                compared=len(set(sa) & set(sb)))
