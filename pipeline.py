@@ -633,9 +633,18 @@ def in_ledger(ledger, method, seed):
     return done
 
 
+def shown_path(arg):
+    """A command-line word as a record shows it: an absolute path relative to the repository, or its last two parts
+    when outside it (a record names no machine's folders)."""
+    p = Path(arg)
+    if not p.is_absolute():
+        return arg
+    return os.path.relpath(p, HERE) if p.is_relative_to(HERE) else str(Path("...", *p.parts[-2:]))
+
+
 def record(args, exp, ledger, run, label, method, seed):
     """The record of one evaluated policy in the ledger (ledger.py write); the command as typed, paths relative."""
-    command = " ".join(["python pipeline.py", *(os.path.relpath(a) if os.path.isabs(a) else a for a in sys.argv[1:])])
+    command = " ".join(["python pipeline.py", *map(shown_path, sys.argv[1:])])
     step(f"record-{method}-{seed}", ledger / method / f"seed{seed}" / "record.json",
          ["ledger.py", "write", "--run", run, "--label", label, "--method", method, "--seed", seed,
           "--ground", exp / "ground.json", "--ledger", ledger, "--command", command], args)
