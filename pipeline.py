@@ -550,9 +550,13 @@ def experiment(cfg, args, vllm_flags):
          args)
     eval_set = evaluation_set(cfg, args, exp, runs, ref, ledger)
     # refused here, before any training, if the ledger holds records of other common ground
-    ground = ground_of(cfg, args, ws, eval_set)
+    ground, distance = ledger_mod.check_ground(ledger, ground_of(cfg, args, ws, eval_set),
+                                               [h["harness_id"] for h in rows_of(eval_set)],
+                                               ws / "fingerprint.sketch.json")
     write_atomic(exp / "ground.json", json.dumps(ground, indent=2, sort_keys=True) + "\n")
-    ledger_mod.check_ground(ledger, ground, [h["harness_id"] for h in rows_of(eval_set)])
+    (exp / "warm_start_distance.json").unlink(missing_ok=True)
+    if distance:  # this warm start's weights differ from the ledger's in their last bits: each record says how far
+        write_atomic(exp / "warm_start_distance.json", json.dumps(distance, indent=2) + "\n")
 
     before = "untrained" if cfg["tiny"] else "zero-shot"  # the model before SFT: random weights / pretrained
     for label, policy in ((before, ws / "base"), ("warm-start", ws / "policy")):
@@ -647,7 +651,9 @@ def record(args, exp, ledger, run, label, method, seed):
     command = " ".join(["python pipeline.py", *map(shown_path, sys.argv[1:])])
     step(f"record-{method}-{seed}", ledger / method / f"seed{seed}" / "record.json",
          ["ledger.py", "write", "--run", run, "--label", label, "--method", method, "--seed", seed,
-          "--ground", exp / "ground.json", "--ledger", ledger, "--command", command], args)
+          "--ground", exp / "ground.json", "--ledger", ledger, "--command", command,
+          *(["--warm-start-distance", exp / "warm_start_distance.json"]
+            if (exp / "warm_start_distance.json").is_file() else [])], args)
 
 
 # ----------------------------------------------------------------------------- main

@@ -130,3 +130,32 @@ def test_committed_tables_equal_what_the_ledger_regenerates(tmp_path):
     assert made == committed and made
     for rel in made:
         assert (tmp_path / rel).read_bytes() == (ROOT / "results" / "tables" / rel).read_bytes(), rel
+
+
+def test_a_recreated_warm_start_joins_only_within_the_tolerance(tmp_path, capsys):
+    """A warm start re-created on another CPU may differ in its last bits: with the same probe episodes and weights
+    within WARM_START_TOL of the ledger's it joins (its records carry the ledger's ground and the distance);
+    further apart, or with another probe outcome, it is refused, naming the field and the distance."""
+    sketch = {"w": ["F32", [4], 2.0, 4.0, [1.0, 0.5]]}  # rms 1: a difference d is d relative
+    (tmp_path / "a.json").write_text(json.dumps({"sha256": "aa", "sketch": sketch}))
+    ledger = tmp_path / "ledger"
+    assert ledger_mod.check_ground(ledger, GROUND, ["S1-T1-O1-C1-W1"], tmp_path / "a.json") == (GROUND, None)
+    assert (ledger / "warm_start.sketch.json").read_text() == (tmp_path / "a.json").read_text()
+    tol = ledger_mod.WARM_START_TOL
+    for delta, joins in ((tol / 2, True), (tol * 3, False)):
+        mine = dict(GROUND, warm_start={"sha256": "bb", "probe": []})
+        (tmp_path / "b.json").write_text(json.dumps({"sha256": "bb", "sketch": {"w": ["F32", [4], 2.0, 4.0,
+                                                                                       [1.0 + delta, 0.5]]}}))
+        if joins:
+            ground, distance = ledger_mod.check_ground(ledger, mine, None, tmp_path / "b.json")
+            assert ground == GROUND and distance["max_abs"] == pytest.approx(delta)
+            assert distance["first_differing"] == "w"
+        else:
+            with pytest.raises(SystemExit) as e:
+                ledger_mod.check_ground(ledger, mine, None, tmp_path / "b.json")
+            err = capsys.readouterr().err
+            assert e.value.code == 2 and "field warm_start.sha256" in err and "first in w; tolerance" in err
+    other_probe = dict(GROUND, warm_start={"sha256": "aa", "probe": [["t0", BASE, True, "submitted", 2]]})
+    with pytest.raises(SystemExit):
+        ledger_mod.check_ground(ledger, other_probe, None, tmp_path / "a.json")
+    assert "field warm_start.probe" in capsys.readouterr().err
