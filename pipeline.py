@@ -549,14 +549,7 @@ def experiment(cfg, args, vllm_flags):
     step("02", ref / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", ref, "--method", "one-factor"],
          args)
     eval_set = evaluation_set(cfg, args, exp, runs, ref, ledger)
-    # refused here, before any training, if the ledger holds records of other common ground
-    ground, distance = ledger_mod.check_ground(ledger, ground_of(cfg, args, ws, eval_set),
-                                               [h["harness_id"] for h in rows_of(eval_set)],
-                                               ws / "fingerprint.sketch.json")
-    write_atomic(exp / "ground.json", json.dumps(ground, indent=2, sort_keys=True) + "\n")
-    (exp / "warm_start_distance.json").unlink(missing_ok=True)
-    if distance:  # this warm start's weights differ from the ledger's in their last bits: each record says how far
-        write_atomic(exp / "warm_start_distance.json", json.dumps(distance, indent=2) + "\n")
+    check_ground(cfg, args, exp, ws, eval_set, ledger)  # before any training
 
     before = "untrained" if cfg["tiny"] else "zero-shot"  # the model before SFT: random weights / pretrained
     for label, policy in ((before, ws / "base"), ("warm-start", ws / "policy")):
@@ -619,6 +612,18 @@ def evaluation_set(cfg, args, exp, runs, ref, ledger):
                  "would not be held out (use another seed or ledger)")
     print(f"[pipeline] evaluation set ({len(eval_ids)} in-space harnesses): " + " ".join(sorted(eval_ids)))
     return eval_set
+
+
+def check_ground(cfg, args, exp, ws, eval_set, ledger):
+    """Stop (exit 2) if the ledger holds records of other common ground; else EXP/ground.json, the ground this run's
+    records carry (and EXP/warm_start_distance.json when the warm start re-created here joins within tolerance)."""
+    ground, distance = ledger_mod.check_ground(ledger, ground_of(cfg, args, ws, eval_set),
+                                               [h["harness_id"] for h in rows_of(eval_set)],
+                                               ws / "fingerprint.sketch.json")
+    write_atomic(exp / "ground.json", json.dumps(ground, indent=2, sort_keys=True) + "\n")
+    (exp / "warm_start_distance.json").unlink(missing_ok=True)
+    if distance:  # this warm start's weights differ from the ledger's in their last bits: each record says how far
+        write_atomic(exp / "warm_start_distance.json", json.dumps(distance, indent=2) + "\n")
 
 
 def ground_of(cfg, args, ws, eval_set):
