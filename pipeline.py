@@ -88,7 +88,7 @@ PRESETS = {
     # AVX512-BF16 or AMX (docs/rl-cost.md); the warm start's SFT stays at 05's default. micro_batch_tokens: 05's
     # --micro-batch-tokens (padded tokens per forward/backward), which bounds the gpu preset's activation memory
     # framework_tasks: 06's framework columns on the first N evaluation tasks (None: all; 0: no column): their
-    # episodes run one by one inside the framework
+    # episodes run side by side inside the framework (04 --concurrency), batched
     # curve_every K (experiments): the transfer curve evaluates harness-scaling's and single's checkpoints after
     # 0, K, 2K, ... and the last iteration on the first curve_tasks test tasks, greedy (0: no curve; see below)
     # one GPU: a hub instruct model (downloaded by your machine), vLLM rollouts, bf16 training.
@@ -473,7 +473,7 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
               "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
               "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
               "--max-new-tokens", cfg["max_new_tokens"], "--seed", seed + t, "--order-seed", seed, *inside,
-              *vllm_flags], args, log, shards=1 if inside else args.gpus)  # a framework runs its episodes in turn
+              *vllm_flags], args, log, shards=1 if inside else args.gpus)  # a framework's episodes: one process
         step(f"05-it{t}", it / "policy",
              [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--amp", cfg["amp"],
               *(["--micro-batch-tokens", cfg["micro_batch_tokens"]] if cfg.get("micro_batch_tokens") else []),

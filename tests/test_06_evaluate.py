@@ -329,8 +329,8 @@ def test_eval_harnesses_file_is_the_inspace_split_and_refuses_training_harnesses
 
 # ----------------------------------------------------------------------------- stage 04 through 06 (oracle)
 def test_cli_rollouts_one_04_call_split_by_harness(tmp_path):
-    """06 asks 04 once for base + in-space + unseen-syntax harnesses (one engine start with vLLM) and splits the
-    episodes by harness id; each framework column is a 04 call of its own on the first --framework-tasks tasks.
+    """06 asks 04 once for every split (one engine start with vLLM): base + in-space + unseen-syntax harnesses, and
+    each framework column on the first --framework-tasks tasks (NAME:N); it splits the episodes by harness id.
     The oracle solves all of them."""
     import helpers_04 as H
     run = H.make_run(tmp_path / "run", {"S0-T1-O1-C1-W1"}, {})
