@@ -307,7 +307,7 @@ def compute_markdown(compute):
     lines += [f"| {name} | {c['rollout_episodes']} | {c['minibatches']} | {c['optimizer_steps']} | {c['sft_demos']} "
               f"| {c['train_s']} | {c['eval_s']} | "
               + ("-" if c["tasks_saw_all_K"] is None else f"{c['tasks_saw_all_K']} / {c['tasks_trained']}") + " |"
-              if c["minibatches"] else f"| {name} | not run (no training log) | - | - | - | - | - | - |"
+              if c["minibatches"] else f"| {name} | no update (not run, or a policy before RL) | - | - | - | - | - | - |"
               for name, c in compute.items()]  # a method of the experiment that never trained: no zero row
     return "\n".join(lines) + "\n"
 

@@ -286,6 +286,6 @@ def test_compare_experiment_adds_what_each_method_spent(tmp_path):
                        "signal) | SFT demos | train s | eval s | tasks that saw all K |\n| --- | --- | --- | --- | --- "
                        "| --- | --- | --- |\n| oa (seed 0) | 4 | 2 | 1 | 0 | 5.5 | 4.2 | 1 / 2 |\n"
                        "| sft (seed 0) | 0 | 2 | 2 | 3 | 0 | 0 | 0 / 0 |\n"
-                       "| idle (seed 0) | not run (no training log) | - | - | - | - | - | - |\n"
+                       "| idle (seed 0) | no update (not run, or a policy before RL) | - | - | - | - | - | - |\n"
                        "| bbrl (seed 0) | 3 | 1 | 1 | 0 | 0 | 0 | - |\n")
     assert md in proc.stdout + "\n"

@@ -223,7 +223,9 @@ def test_experiment_main_from_one_command(tmp_path):
     hs = compute["harness-scaling (seed 0)"]
     assert hs["tasks_trained"] == 2 and hs["tasks_saw_all_K"] == 2  # 3 iterations x 2 tasks = 2 tasks x K visits
     assert hs["rollout_episodes"] == compute["single (seed 0)"]["rollout_episodes"] == 3 * 2 * 2
-    budget = {name: c["minibatches"] for name, c in compute.items()}
+    before_rl = {"untrained (seed 0)", "warm-start (seed 0)"}  # evaluated only: no update
+    assert all(compute[n]["minibatches"] == compute[n]["rollout_episodes"] == 0 for n in before_rl)
+    budget = {name: c["minibatches"] for name, c in compute.items() if name not in before_rl}
     assert len(set(budget.values())) == 1, budget  # RL and black-box SFT: the same number of minibatches
     assert all(c["optimizer_steps"] <= c["minibatches"] for c in compute.values())
     # equal starts: the same warm-start weights and a fresh AdamW for every method (no optimizer.pt copied)
@@ -266,14 +268,13 @@ def test_experiment_main_from_one_command(tmp_path):
     assert len(ground["warm_start"]["probe"]) == 2 * 11  # 2 demonstration tasks x the 11 warm-start harnesses
     text = "".join(p.read_text() for p in ledger.rglob("*") if p.is_file())
     assert str(tmp_path) not in text and "model_turns" not in text and len(text) < 400_000
+    again = run_stage("pipeline.py", *args)  # every record there: nothing trained or evaluated again
+    assert "python 0" not in again.stdout.replace("[pipeline] evaluation set", "")
+    assert again.stdout.count("in the ledger already") == len(rows)
     shutil.rmtree(exp / "harness-scaling")  # a run folder gone: its record still makes the table
     run_stage("compare.py", "--ledger", ledger, "--out", tmp_path / "again")
     for name in ("main.md", "main.json", "transfer_curve.md", "transfer_curve.json"):
         assert (tmp_path / f"again-{name}").read_bytes() == (exp / f"comparison-{name}").read_bytes(), name
-
-    again = run_stage("pipeline.py", *args)  # every record there: nothing trained or evaluated again
-    assert "python 0" not in again.stdout.replace("[pipeline] evaluation set", "")
-    assert again.stdout.count("in the ledger already") == len(rows)
     # another budget into the same ledger: refused before any training, naming the field
     other = run_stage("pipeline.py", "--experiment", "main", "--run", tmp_path / "exp2", "--ledger", ledger,
                       "--warmstart", exp / "warmstart", *size, "--lr", 0.5, "--method", "single", check=False)
