@@ -109,7 +109,6 @@ def test_blackbox_methods_train_and_are_scored_inside_the_frameworks(tmp_path, m
     (one process even with --gpus N: the framework runs its episodes in turn; 05 under torchrun as for any RL),
     blackbox-sft's demonstrations are the oracle's inside pydantic-ai with the warm start's tokenizer; 06 marks
     their pydantic-ai column trained in and gets every framework column's task count from the preset."""
-    from conftest import load_stage
     pipe = load_stage("pipeline.py")
     steps = []
     monkeypatch.setattr(pipe, "step", lambda name, output, cmd, args, log=None, shards=1:
@@ -162,7 +161,6 @@ def test_bad_flags_leave_no_folder_and_paths_are_relative_to_the_caller(tmp_path
     caches = sorted((cwd / "runs").glob("toy-warmstart-*"))
     assert len(caches) == 2, caches  # other SFT epochs, another warm start
     configs = [json.loads((c / "warmstart_config.json").read_text()) for c in caches]
-    from conftest import load_stage
     assert sorted(c["sft_epochs"] for c in configs) == [2, load_stage("pipeline.py").PRESETS["toy"]["sft_epochs"]]
 
 
@@ -286,7 +284,6 @@ def test_the_k_experiment_gives_k5_all_five_harnesses_of_a_task(tmp_path):
     """The k experiment's task split is I x B / 5 tasks (the largest K of its methods): visited 5 times, a task of
     k5 runs under all 5 harnesses of its group. With the preset's I x B / 3 every task was visited 3 times and k5
     ran exactly the (task, harness) pairs of K = 3 (its first 3 nearest harnesses are K = 3's): the same run."""
-    from conftest import load_stage
     pipe, rollout = load_stage("pipeline.py"), load_stage("04_rollout.py")
     cfg = pipe.settings(pipe.parse_args(["--experiment", "k"]))
     iters, size = cfg["iterations"], cfg["tasks_per_iteration"]
