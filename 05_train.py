@@ -105,7 +105,7 @@ ONE_PROCESS = types.SimpleNamespace(
     my_shards=lambda state, opt: state,
     full_state=lambda model, vhead, opt, with_opt: dict(
         model=None, vhead=None if vhead is None else vhead.state_dict(), opt=opt.state_dict() if with_opt else None),
-    writes=lambda: True, finish=lambda: None)
+    finish=lambda: None)
 if "LOCAL_RANK" in os.environ:  # started by torchrun
     import distributed as dist
 else:
@@ -624,12 +624,11 @@ def save(args, model, vhead, tok, opt, shapes, log, config):
     presence means the stage finished. -> False on torchrun's ranks > 0, which write nothing."""
     # {model: None (its own state dict), vhead, opt}; torchrun --fsdp: the full ones, gathered on rank 0
     full = dist.full_state(model, vhead, opt, not args.no_optimizer_state)
-    if not dist.writes():  # torchrun: rank 0 alone writes
-        return False
-    save_checkpoint(config["out"], model, tok, full, args.algo, shapes, beside={
-        "train_log.jsonl": jsonl_text(log), "05_train_config.json": json.dumps(config, indent=2, default=str)})
+    if dist.rank == 0:  # torchrun: rank 0 alone writes; the others wait for it in dist.finish
+        save_checkpoint(config["out"], model, tok, full, args.algo, shapes, beside={
+            "train_log.jsonl": jsonl_text(log), "05_train_config.json": json.dumps(config, indent=2, default=str)})
     dist.finish()
-    return True
+    return dist.rank == 0
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -697,3 +696,7 @@ def run_stage(args):
 
 if __name__ == "__main__":
     main()
+    if dist is not ONE_PROCESS:  # torchrun: the checkpoint is written and every rank has left the process group;
+        sys.stdout.flush()       # end here, without the interpreter's teardown of gloo's C++ threads (it aborted a
+        sys.stderr.flush()       # rank once in CI, "terminate called without an active exception", after the work)
+        os._exit(0)

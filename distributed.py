@@ -218,13 +218,8 @@ def gathered_optimizer_state(opt):
     return dict(sd, state={i: gathered(st) for i, st in sorted(sd["state"].items())})
 
 
-def writes():
-    """After every rank has finished its update: True on rank 0, which alone writes; the others leave."""
-    tdist.barrier()
-    if rank > 0:
-        tdist.destroy_process_group()
-    return rank == 0
-
-
 def finish():
+    """The last step on every rank: wait until rank 0 has written the checkpoint (a barrier), then leave the process
+    group together (torch's documented shutdown: every rank calls destroy_process_group near the end)."""
+    tdist.barrier()
     tdist.destroy_process_group()
