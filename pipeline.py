@@ -20,8 +20,8 @@ Methods (one run folder each):
   random-assign    02 --method oa,     03 --method random            (random assignment)
   k1, k5           harness-scaling with K = 1 or 5                   (task diversity K)
   single           02 --method single (the base harness alone), RL   (single-harness RL)
-  blackbox-rl      RL inside pydantic-ai: 04 --harnesses pydantic-ai (black-box RL, the paper's OpenClaw role)
-  blackbox-sft     SFT on oracle demonstrations recorded in pydantic-ai (black-box SFT)
+  blackbox-sft     SFT on oracle demonstrations recorded in pydantic-ai (black-box SFT, the paper's OpenClaw role)
+  blackbox-rl      black-box SFT, then RL inside pydantic-ai: 04 --harnesses pydantic-ai (black-box RL)
                    (both: 02 --method one-factor, the warm start's set; no 03; 06 marks their pydantic-ai
                    column "trained in"; every method is evaluated in smolagents native, where none trains)
 Experiments (--experiment): methods that share one warm start, one task split, one evaluation set (02
@@ -453,10 +453,12 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
     """RL: N iterations of 04 + 05 (black-box RL: 04's episodes inside pydantic-ai, on the same batches of tasks,
     without an assignment). Black-box SFT: oracle demonstrations recorded inside pydantic-ai (token ids of the
     warm start's tokenizer), the same optimizer steps as an RL run (iterations x ppo_epochs x 2 minibatches) at the
-    RL learning rate. Returns the final policy."""
+    RL learning rate. Black-box RL starts from black-box SFT's policy (made first, in its own run folder): from the
+    warm start, which never succeeds inside pydantic-ai on SmolLM2, every group is reward-equal and RL cannot move
+    (results/blackbox_rl_start.md); so it spends SFT + RL minibatches (docs/decisions.md). Returns the final policy."""
     log = run / "step_times.json"
     inside = ["--harnesses", BLACKBOX] if METHODS[method][1] == "framework" else []  # 04 in the framework
-    if METHODS[method][1] == "sft":
+    if METHODS[method][0] == "blackbox":
         step("04-demos", run / "sft" / "demos.jsonl",
              ["04_rollout.py", "--run", run, "--eval", "--policy", "oracle", "--tokenizer", run / "init_policy",
               "--harnesses", BLACKBOX, "--tasks", train_tasks, "--out", run / "sft" / "demos.jsonl"], args, log)
@@ -465,11 +467,16 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
               "--rollouts", run / "sft" / "demos.jsonl",
               "--out", run / "sft" / "policy", "--epochs", cfg["iterations"] * cfg["ppo_epochs"], "--minibatches", 2,
               "--lr", cfg["lr"], "--seed", seed], args, log)
-        return run / "sft" / "policy"
+        if METHODS[method][1] == "sft":
+            return run / "sft" / "policy"
+    # RL's first policy: the warm start (RUN/init_policy); black-box RL: black-box SFT's (05 starts a fresh AdamW:
+    # its optimizer.pt was saved by --algo sft)
+    start = ["--policy", run / "sft" / "policy"] if inside else []
     for t in range(cfg["iterations"]):
         it = run / f"iter_{t:03d}"
         step(f"04-it{t}", it / "rollouts.jsonl",
-             ["04_rollout.py", "--run", run, "--iteration", t, "--backend", cfg["backend"], "--tasks", train_tasks,
+             ["04_rollout.py", "--run", run, "--iteration", t, *(start if t == 0 else []), "--backend", cfg["backend"],
+              "--tasks", train_tasks,
               "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
               "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
               "--max-new-tokens", cfg["max_new_tokens"], "--seed", seed + t, "--order-seed", seed, *inside,
@@ -477,6 +484,7 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
         step(f"05-it{t}", it / "policy",
              [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--amp", cfg["amp"],
               *(["--micro-batch-tokens", cfg["micro_batch_tokens"]] if cfg.get("micro_batch_tokens") else []),
+              *(start if t == 0 else []),
               "--lr", cfg["lr"], "--seed", seed + t, "--epochs", cfg["ppo_epochs"]], args, log)
         # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
         (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)

@@ -105,10 +105,12 @@ def test_single_and_blackbox_training_sets(tmp_path):
 
 
 def test_blackbox_methods_train_and_are_scored_inside_the_frameworks(tmp_path, monkeypatch):
-    """The commands the pipeline gives the black-box methods: blackbox-rl's 04 runs train mode inside pydantic-ai
-    (one process even with --gpus N: the framework runs its episodes in turn; 05 under torchrun as for any RL),
-    blackbox-sft's demonstrations are the oracle's inside pydantic-ai with the warm start's tokenizer; 06 marks
-    their pydantic-ai column trained in and gets every framework column's task count from the preset."""
+    """The commands the pipeline gives the black-box methods: blackbox-sft's demonstrations are the oracle's inside
+    pydantic-ai with the warm start's tokenizer; blackbox-rl makes the same SFT first and starts its RL from it (04
+    and 05 of iteration 0 get --policy RUN/sft/policy, later iterations their own chain), its 04 in train mode
+    inside pydantic-ai (one process even with --gpus N: the framework runs its episodes in turn; 05 under torchrun
+    as for any RL); 06 marks their pydantic-ai column trained in and gets every framework column's task count from
+    the preset."""
     pipe = load_stage("pipeline.py")
     steps = []
     monkeypatch.setattr(pipe, "step", lambda name, output, cmd, args, log=None, shards=1:
@@ -116,15 +118,19 @@ def test_blackbox_methods_train_and_are_scored_inside_the_frameworks(tmp_path, m
     args = pipe.parse_args(["--gpus", "2", "--preset", "small"])
     cfg = dict(pipe.settings(args), iterations=2)
     run, tasks = tmp_path / "run", tmp_path / "t.jsonl"
-    pipe.train(cfg, args, "blackbox-rl", run, 0, tasks, [])
-    (name, cmd04, shards), (_, cmd05, _) = steps[:2]
+    assert pipe.train(cfg, args, "blackbox-rl", run, 0, tasks, []) == run / "iter_001" / "policy"
+    bb_sft = steps[:2]
+    (name, cmd04, shards), (_, cmd05, _), (_, cmd04_1, _), (_, cmd05_1, _) = steps[2:]
     assert name == "04-it0" and shards == 1 and cmd04[:2] == ["04_rollout.py", "--run"]
+    assert flag(cmd04, "--policy") == flag(cmd05, "--policy") == str(run / "sft" / "policy")
+    assert "--policy" not in cmd04_1 and "--policy" not in cmd05_1  # iteration 1: the policy 05 wrote in 0
     assert flag(cmd04, "--harnesses") == "pydantic-ai" and flag(cmd04, "--iteration") == "0" and "--eval" not in cmd04
     assert flag(cmd04, "--group-size") == "8" and flag(cmd04, "--tasks-per-iteration") == "12"
     assert "torch.distributed.run" in cmd05 and "05_train.py" in cmd05 and flag(cmd05, "--algo") == "grpo"
-    assert [n for n, _, _ in steps] == ["04-it0", "05-it0", "04-it1", "05-it1"]
+    assert [n for n, _, _ in steps] == ["04-demos", "05-sft", "04-it0", "05-it0", "04-it1", "05-it1"]
     steps.clear()
     assert pipe.train(cfg, args, "blackbox-sft", run, 0, tasks, []) == run / "sft" / "policy"
+    assert steps == bb_sft  # the same SFT commands as blackbox-rl's first two steps
     (_, demos, _), (_, sft, _) = steps
     assert flag(demos, "--harnesses") == "pydantic-ai" and flag(demos, "--policy") == "oracle" and "--eval" in demos
     assert flag(demos, "--tokenizer") == str(run / "init_policy") and flag(sft, "--algo") == "sft"
@@ -224,7 +230,10 @@ def test_experiment_main_from_one_command(tmp_path):
     before_rl = {"untrained (seed 0)", "warm-start (seed 0)"}  # evaluated only: no update
     assert all(compute[n]["minibatches"] == compute[n]["rollout_episodes"] == 0 for n in before_rl)
     budget = {name: c["minibatches"] for name, c in compute.items() if name not in before_rl}
+    bb_rl = budget.pop("blackbox-rl (seed 0)")
     assert len(set(budget.values())) == 1, budget  # RL and black-box SFT: the same number of minibatches
+    assert bb_rl == 2 * budget["harness-scaling (seed 0)"]  # black-box RL: black-box SFT's, then RL's
+    assert compute["blackbox-rl (seed 0)"]["sft_demos"] == compute["blackbox-sft (seed 0)"]["sft_demos"] > 0
     assert all(c["optimizer_steps"] <= c["minibatches"] for c in compute.values())
     # equal starts: the same warm-start weights and a fresh AdamW for every method (no optimizer.pt copied)
     for name in ("harness-scaling", "single", "blackbox-sft", "blackbox-rl"):
@@ -233,6 +242,11 @@ def test_experiment_main_from_one_command(tmp_path):
             (exp / "warmstart" / "policy" / "model.safetensors").read_bytes()
         first = exp / name / ("sft" if name == "blackbox-sft" else "iter_000") / "05_train_config.json"
         assert json.loads(first.read_text())["optimizer_state"].startswith("fresh AdamW state")
+    # black-box RL's RL starts from its black-box SFT, the same weights as blackbox-sft's (seeded, CPU fp32)
+    assert json.loads((exp / "blackbox-rl" / "iter_000" / "05_train_config.json").read_text())["policy"] == \
+        str(exp / "blackbox-rl" / "sft" / "policy")
+    assert (exp / "blackbox-rl" / "sft" / "policy" / "model.safetensors").read_bytes() == \
+        (exp / "blackbox-sft" / "sft" / "policy" / "model.safetensors").read_bytes()
     for m in ("blackbox-rl", "blackbox-sft"):
         assert compute[f"{m} (seed 0)"]["training_harnesses"] == ["X-pydantic-ai"]
         assert compute[f"{m} (seed 0)"]["tasks_saw_all_K"] is None
