@@ -449,16 +449,20 @@ def take_warm_start(ws, run):
     copy_dir(ws / "policy", run / "init_policy", ignore=shutil.ignore_patterns("optimizer.pt"))
 
 
-def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
+def train(cfg, args, method, run, seed, train_tasks, vllm_flags, sft_from=None):
     """RL: N iterations of 04 + 05 (black-box RL: 04's episodes inside pydantic-ai, on the same batches of tasks,
     without an assignment). Black-box SFT: oracle demonstrations recorded inside pydantic-ai (token ids of the
     warm start's tokenizer), the same optimizer steps as an RL run (iterations x ppo_epochs x 2 minibatches) at the
     RL learning rate. Black-box RL starts from black-box SFT's policy (made first, in its own run folder): from the
     warm start, which never succeeds inside pydantic-ai on SmolLM2, every group is reward-equal and RL cannot move
-    (results/blackbox_rl_start.md); so it spends SFT + RL minibatches (docs/decisions.md). Returns the final policy."""
+    (results/blackbox_rl_start.md); so it spends SFT + RL minibatches (docs/decisions.md). `sft_from`: blackbox-sft's
+    run folder at the same seed of the same experiment; where its SFT is made, black-box RL takes it rather than
+    making the same commands again (share_sft). Returns the final policy."""
     log = run / "step_times.json"
     inside = ["--harnesses", BLACKBOX] if METHODS[method][1] == "framework" else []  # 04 in the framework
     if METHODS[method][0] == "blackbox":
+        if sft_from is not None and sft_from != run:
+            share_sft(sft_from, run)
         step("04-demos", run / "sft" / "demos.jsonl",
              ["04_rollout.py", "--run", run, "--eval", "--policy", "oracle", "--tokenizer", run / "init_policy",
               "--harnesses", BLACKBOX, "--tasks", train_tasks, "--out", run / "sft" / "demos.jsonl"], args, log)
@@ -489,6 +493,21 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags):
         # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
         (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
     return iteration_policy(run, cfg["iterations"])  # the policy after the last iteration
+
+
+def share_sft(src, run):
+    """Black-box RL's first two steps are blackbox-sft's commands on the same warm start, demonstrations and seed
+    (one experiment folder, one config): where blackbox-sft has made them, copy its sft/ folder and their wall times
+    (the record's train_s counts them as black-box RL's spend too) instead of an hour of the same SFT again."""
+    if not (src / "sft" / "policy").is_dir() or (run / "sft" / "policy").exists():
+        return
+    print(f"[pipeline] 04-demos, 05-sft: blackbox-sft's, the same commands (copied from {src / 'sft'})", flush=True)
+    copy_dir(src / "sft", run / "sft")
+    times = json.loads((src / "step_times.json").read_text()) if (src / "step_times.json").is_file() else {}
+    log = run / "step_times.json"
+    mine = json.loads(log.read_text()) if log.is_file() else {}
+    write_atomic(log, json.dumps({**mine, **{k: v for k, v in times.items() if k in ("04-demos", "05-sft")}},
+                                 indent=1))
 
 
 def trained_inside(method):
@@ -542,7 +561,9 @@ def experiment(cfg, args, vllm_flags):
     train_tasks = exp / "train_tasks.jsonl"
     if not train_tasks.exists():
         write_rows(train_tasks, rows_of(args.train_tasks)[:cfg["max_train_tasks"]])
-    runs = {(m, s): exp / (m if len(cfg["seeds"]) == 1 else f"{m}-seed{s}") for m in now for s in cfg["seeds"]}
+    def folder(m, s):  # the run folder of a method at a seed
+        return exp / (m if len(cfg["seeds"]) == 1 else f"{m}-seed{s}")
+    runs = {(m, s): folder(m, s) for m in now for s in cfg["seeds"]}
     for (m, s), run in runs.items():
         prepare(cfg, args, m, run, s, train_tasks)
     ws = Path(args.warmstart).resolve() if args.warmstart else exp / "warmstart"
@@ -575,7 +596,7 @@ def experiment(cfg, args, vllm_flags):
         for s in cfg["seeds"]:
             if in_ledger(ledger, name, s):
                 continue
-            policy = train(cfg, args, m, runs[(m, s)], s, train_tasks, vllm_flags)
+            policy = train(cfg, args, m, runs[(m, s)], s, train_tasks, vllm_flags, sft_from=folder("blackbox-sft", s))
             if m in curve_methods:
                 curve(cfg, args, runs[(m, s)], curve_tasks, eval_set, vllm_flags)
             evaluate(cfg, args, runs[(m, s)], m, policy, vllm_flags, eval_set, trained_inside(m))

@@ -148,6 +148,34 @@ def test_blackbox_methods_train_and_are_scored_inside_the_frameworks(tmp_path, m
     assert not (tmp_path / "r").exists()
 
 
+def test_blackbox_rl_takes_blackbox_sfts_sft(tmp_path, monkeypatch):
+    """In one experiment, blackbox-rl's first two steps are blackbox-sft's commands (same warm start, demonstrations,
+    seed): where blackbox-sft's run has made its sft/policy, blackbox-rl copies its sft/ folder and those two steps'
+    wall times (its record counts them) and starts RL from the copy; where it has not, blackbox-rl makes its own."""
+    pipe = load_stage("pipeline.py")
+    steps = []  # the steps that would run: as step() does, one whose output exists is done already
+    monkeypatch.setattr(pipe, "step", lambda name, output, cmd, args, log=None, shards=1:
+                        None if Path(output).exists() else steps.append(name))
+    args = pipe.parse_args(["--preset", "small"])
+    cfg = dict(pipe.settings(args), iterations=1)
+    src, run, tasks = tmp_path / "blackbox-sft", tmp_path / "blackbox-rl", tmp_path / "t.jsonl"
+    (src / "sft" / "policy").mkdir(parents=True)
+    (src / "sft" / "policy" / "model.safetensors").write_bytes(b"weights")
+    (src / "sft" / "demos.jsonl").write_text("{}\n")
+    (src / "step_times.json").write_text(json.dumps({"01": 0.1, "04-demos": 7.2, "05-sft": 3616.4, "06-x": 9.0}))
+    run.mkdir()
+    (run / "step_times.json").write_text(json.dumps({"01": 0.2}))
+    pipe.train(cfg, args, "blackbox-rl", run, 0, tasks, [], sft_from=src)
+    assert steps == ["04-it0", "05-it0"]  # no SFT made again: the step found blackbox-sft's
+    assert (run / "sft" / "policy" / "model.safetensors").read_bytes() == b"weights"
+    assert (run / "sft" / "demos.jsonl").read_text() == "{}\n"
+    assert json.loads((run / "step_times.json").read_text()) == {"01": 0.2, "04-demos": 7.2, "05-sft": 3616.4}
+    steps.clear()
+    other = tmp_path / "blackbox-rl-2"  # blackbox-sft's SFT not made (yet): blackbox-rl makes its own
+    pipe.train(cfg, args, "blackbox-rl", other, 0, tasks, [], sft_from=tmp_path / "missing")
+    assert steps == ["04-demos", "05-sft", "04-it0", "05-it0"] and not (other / "sft").exists()
+
+
 def flag(cmd, name):
     return cmd[cmd.index(name) + 1] if name in cmd else None
 
@@ -242,9 +270,11 @@ def test_experiment_main_from_one_command(tmp_path):
             (exp / "warmstart" / "policy" / "model.safetensors").read_bytes()
         first = exp / name / ("sft" if name == "blackbox-sft" else "iter_000") / "05_train_config.json"
         assert json.loads(first.read_text())["optimizer_state"].startswith("fresh AdamW state")
-    # black-box RL's RL starts from its black-box SFT, the same weights as blackbox-sft's (seeded, CPU fp32)
+    # black-box RL's RL starts from its black-box SFT: blackbox-sft's, made once and copied (its wall time too)
     assert json.loads((exp / "blackbox-rl" / "iter_000" / "05_train_config.json").read_text())["policy"] == \
         str(exp / "blackbox-rl" / "sft" / "policy")
+    sft_s = [json.loads((exp / m / "step_times.json").read_text())["05-sft"] for m in ("blackbox-rl", "blackbox-sft")]
+    assert sft_s[0] == sft_s[1] and compute["blackbox-rl (seed 0)"]["train_s"] > sft_s[0]
     assert (exp / "blackbox-rl" / "sft" / "policy" / "model.safetensors").read_bytes() == \
         (exp / "blackbox-sft" / "sft" / "policy" / "model.safetensors").read_bytes()
     for m in ("blackbox-rl", "blackbox-sft"):
