@@ -477,9 +477,9 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags, sft_from=None):
     # its optimizer.pt was saved by --algo sft)
     start = ["--policy", run / "sft" / "policy"] if inside else []
     for t in range(cfg["iterations"]):
-        it = run / f"iter_{t:03d}"
+        it, first = run / f"iter_{t:03d}", start if t == 0 else []
         step(f"04-it{t}", it / "rollouts.jsonl",
-             ["04_rollout.py", "--run", run, "--iteration", t, *(start if t == 0 else []), "--backend", cfg["backend"],
+             ["04_rollout.py", "--run", run, "--iteration", t, *first, "--backend", cfg["backend"],
               "--tasks", train_tasks,
               "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
               "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
@@ -488,7 +488,7 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags, sft_from=None):
         step(f"05-it{t}", it / "policy",
              [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--amp", cfg["amp"],
               *(["--micro-batch-tokens", cfg["micro_batch_tokens"]] if cfg.get("micro_batch_tokens") else []),
-              *(start if t == 0 else []),
+              *first,
               "--lr", cfg["lr"], "--seed", seed + t, "--epochs", cfg["ppo_epochs"]], args, log)
         # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
         (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
