@@ -338,8 +338,7 @@ def compare_markdown(report, splits, summaries):
                 delta = (f"{100 * x['diff_vs_reference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] "
                          f"({x['better_tasks']} / {x['worse_tasks']}, p {x['sign_test_p']:.2g})")
             cells += [fmt(x) + (" (trained in)" if x["trained_in"] else ""), delta]
-        name = r["name"] + (f" ({len(r['evaldirs'])} replicates)" if len(r["evaldirs"]) > 1 else "")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['name']}{replicates(r['evaldirs'])} | " + " | ".join(cells) + " |")
     mdd = [f"{SPLIT_NAMES[s]}: " + ", ".join(f"{r['name']} {100 * r['splits'][s]['mdd80']:.1f}" for r in report["rows"]
                                            if r["splits"][s]["mdd80"] is not None) for s in splits]
     if any(x["trained_in"] for r in report["rows"] for x in r["splits"].values()):
@@ -348,6 +347,17 @@ def compare_markdown(report, splits, summaries):
     lines += ["", "Minimum detectable difference to the reference in points (80% power, two-sided 5%, from each row's "
               "paired per-task differences; 0 where the rows never differ): " + "; ".join(mdd) + "."]
     return "\n".join(lines) + "\n"
+
+
+def replicates(evaldirs):
+    """A row's replicates as its name's suffix: a ledger's records (<method>/seed<s>/eval) by their seeds, so every
+    row says how many seeds it averages ("single (seeds 0, 1)", "blackbox-sft (seed 0)"); other rows by their
+    count when they have several."""
+    seeds = [Path(d).parent.name[4:] for d in evaldirs if Path(d).parent.name[4:].isdigit()
+             and Path(d).parent.name.startswith("seed")]
+    if len(seeds) == len(evaldirs):
+        return f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})"
+    return f" ({len(evaldirs)} replicates)" if len(evaldirs) > 1 else ""
 
 
 # ----------------------------------------------------------------------------- tables from a ledger

@@ -85,7 +85,8 @@ def test_tables_from_records_alone_average_seeds_and_regenerate_byte_for_byte(tm
         assert hs["splits"][split]["pass@1"] == pytest.approx(sum(a.values()) / len(a))
         assert single["splits"][split]["diff_vs_reference"] == pytest.approx(sum(b[t] - a[t] for t in TASKS) / 10)
     md = (out / "a-main.md").read_text()
-    assert "| harness-scaling (2 replicates) |" in md and "## How each record was made" in md
+    assert "| harness-scaling (seeds 0, 1) |" in md and "| single (seed 0) |" in md  # every row's seeds
+    assert "## How each record was made" in md
     assert set(report["compute"]) == {"harness-scaling (seed 0)", "harness-scaling (seed 1)", "single (seed 0)"}
     assert not (out / "a-selection.md").exists()  # no random18 record yet: no selection table
     run_stage("compare.py", "--ledger", ledger, "--out", out / "b", "--bootstrap", 300)
