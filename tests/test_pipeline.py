@@ -282,7 +282,7 @@ def test_experiment_main_from_one_command(tmp_path):
         assert compute[f"{m} (seed 0)"]["tasks_saw_all_K"] is None
     assert compute["blackbox-rl (seed 0)"]["rollout_episodes"] == hs["rollout_episodes"]
     md = (exp / "comparison-main.md").read_text()
-    assert "| harness-scaling |" in md and "## Compute per method" in md and md.count(" (trained in) |") == 2
+    assert "| harness-scaling (seed 0) |" in md and "## Compute per method" in md and md.count(" (trained in) |") == 2
     assert " native | Δ vs harness-scaling | pydantic-ai 2." in md
     # the transfer curve: harness-scaling and single after 0, 2 and 3 iterations, greedy, on the first 2 test tasks,
     # under the shared evaluation set (held out) and under each run's own training harnesses
