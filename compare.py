@@ -30,6 +30,7 @@ Writes  --out PREFIX: PREFIX.md, PREFIX.json (written last)
 import argparse
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -353,10 +354,9 @@ def replicates(evaldirs):
     """A row's replicates as its name's suffix: a ledger's records (<method>/seed<s>/eval) by their seeds, so every
     row says how many seeds it averages ("single (seeds 0, 1)", "blackbox-sft (seed 0)"); other rows by their
     count when they have several."""
-    seeds = [Path(d).parent.name[4:] for d in evaldirs if Path(d).parent.name[4:].isdigit()
-             and Path(d).parent.name.startswith("seed")]
-    if len(seeds) == len(evaldirs):
-        return f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)})"
+    seeds = [re.fullmatch(r"seed(\d+)", Path(d).parent.name) for d in evaldirs]
+    if all(seeds):
+        return f" (seed{'s' if len(seeds) > 1 else ''} {', '.join(s[1] for s in seeds)})"
     return f" ({len(evaldirs)} replicates)" if len(evaldirs) > 1 else ""
 
 
