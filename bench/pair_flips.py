@@ -4,22 +4,26 @@ change success. Used for results/machine_drift (one warm start evaluated on two 
 
     python bench/pair_flips.py results/records/small/warm-start/seed0/eval results/machine_drift/warm-start-xeon/eval
 """
-import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root: plumbing.py
+from plumbing import fail, read_json, read_jsonl  # noqa: E402
+
+FIELDS = ("task_id", "harness_id", "sample_index", "success", "finish_reason", "turns")
 
 
 def load(path):
-    """{(task_id, harness_id, sample_index): episode} of one split's JSONL."""
-    with open(path, encoding="utf-8") as f:
-        return {(r["task_id"], r["harness_id"], r["sample_index"]): r for r in map(json.loads, filter(str.strip, f))}
+    """{(task_id, harness_id, sample_index): episode} of one split's JSONL (a bad line: file:line, exit 2)."""
+    return {(e["task_id"], e["harness_id"], e["sample_index"]): e for _, e in read_jsonl(path, required=FIELDS)}
 
 
 def main(a, b):
     print("| split | episodes | end or turns differ | success differs |\n| --- | --- | --- | --- |")
-    for split in json.load(open(f"{a}/summary.json", encoding="utf-8"))["splits"]:
-        x, y = load(f"{a}/{split}.jsonl"), load(f"{b}/{split}.jsonl")
+    for split in read_json(Path(a) / "summary.json")["splits"]:
+        x, y = load(Path(a) / f"{split}.jsonl"), load(Path(b) / f"{split}.jsonl")
         if x.keys() != y.keys():
-            sys.exit(f"{b}/{split}.jsonl: other (task, harness, sample) episodes than {a}/{split}.jsonl")
+            fail(f"{b}/{split}.jsonl: other (task, harness, sample) episodes than {a}/{split}.jsonl")
         ends = sum((x[k]["finish_reason"], x[k]["turns"]) != (y[k]["finish_reason"], y[k]["turns"]) for k in x)
         flips = sum(x[k]["success"] != y[k]["success"] for k in x)
         print(f"| {split} | {len(x)} | {ends} | {flips} |")

@@ -36,4 +36,12 @@ def test_other_episodes_are_refused(tmp_path):
     write_eval(tmp_path / "a", [episode("t1", True)])
     write_eval(tmp_path / "b", [episode("t2", True)])
     out = run(tmp_path / "a", tmp_path / "b")
-    assert out.returncode != 0 and "other (task, harness, sample) episodes" in out.stderr
+    assert out.returncode == 2 and "other (task, harness, sample) episodes" in out.stderr
+
+
+def test_a_bad_line_names_file_and_line(tmp_path):
+    write_eval(tmp_path / "a", [episode("t1", True)])
+    write_eval(tmp_path / "b", [episode("t1", True)])
+    (tmp_path / "b" / "inspace.jsonl").write_text('{"task_id": "t1"}\n')  # fields missing
+    out = run(tmp_path / "a", tmp_path / "b")
+    assert out.returncode == 2 and "inspace.jsonl:1" in out.stderr
