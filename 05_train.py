@@ -112,106 +112,8 @@ else:
     dist = ONE_PROCESS
 
 
-# ---------------------------------------------------------------------------------- input checking
-# Bad input stops with one line on stderr naming the file, line and field (or the flag), exit status 2, nothing
-# written: the flags and every rollout record (schemas.py) before any weight is loaded; then two guards, check_head
-# once the model is loaded and check_finite before anything is saved.
-def check_flags(args):
-    """The flags' values, before anything is read."""
-    for k in ("epochs", "micro_batch_size", "minibatches", "minibatch_size", "micro_batch_tokens"):
-        if getattr(args, k) is not None and getattr(args, k) < 1:
-            fail(f"--{k.replace('_', '-')} must be >= 1")
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        fail(f"--lr {args.lr}: must be a finite number > 0")
-    if not 0 < args.clip_eps < 1:
-        fail(f"--clip-eps {args.clip_eps}: must be in (0, 1)")
-    for flag, x in (("--kl-coef", args.kl_coef), ("--ent-coef", args.ent_coef), ("--tis-cap", args.tis_cap or 0)):
-        if not (math.isfinite(x) and x >= 0):  # a term's weight, a cap: 0 = off; name only the flag that is wrong
-            fail(f"{flag} {x}: must be a finite number >= 0")
-    if args.algo == "sft" and args.tis_cap is not None:
-        fail("--tis-cap is for --algo grpo/ppo only")
-    if args.algo != "sft" and args.min_reward is not None:
-        fail("--min-reward is for --algo sft only (it would bias an RL update)")
-    if args.fsdp and dist is ONE_PROCESS:  # FSDP2 shards over torchrun's process group
-        fail("--fsdp shards the model over torchrun's processes: run 05 under torchrun --nproc_per_node N, "
-             "or drop --fsdp")
-
-
-def variants_from_env():
-    """The test-only VARIANTS named in HARNESS_05_TEST_VARIANTS."""
-    variants = frozenset(v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip())
-    if variants - VARIANTS.keys():
-        fail(f"{VARIANTS_ENV}: unknown {sorted(variants - VARIANTS.keys())} (known: {sorted(VARIANTS)})")
-    return variants
-
-
-def resolve_paths(args):
-    run, t = Path(args.run), args.iteration
-    if t is None and not (args.policy and args.rollouts and args.out):
-        fail("give --iteration t (with --run DIR) or all of --policy, --rollouts and --out")
-    if t is not None and t < 0:
-        fail(f"--iteration must be >= 0, got {t}")
-    policy = Path(args.policy) if args.policy else iteration_policy(run, t)
-    rollouts = Path(args.rollouts) if args.rollouts else run / f"iter_{t:03d}" / "rollouts.jsonl"
-    out = Path(args.out) if args.out else run / f"iter_{t:03d}" / "policy"
-    ref, why = ((Path(args.ref_policy), "--ref-policy") if args.ref_policy else
-                (run / "init_policy", "the run's initial policy") if t is not None and (run / "init_policy").exists()
-                else (policy, "the loaded policy itself: no --ref-policy and no --iteration"))
-    return policy, rollouts, out, ref, why
-
-
-def uses_kl(args):
-    """The KL term is on: RL with --kl-coef > 0 (then a reference policy is loaded, or is the policy itself)."""
-    return args.algo != "sft" and args.kl_coef > 0
-
-
-def check_inputs(args):
-    """The paths, the policy (and reference) folders and every rollout record; the off-policy warning.
-    -> (policy, rollouts, out, ref, episodes, warnings)"""
-    from transformers import AutoConfig
-    policy, rollouts, out, ref, ref_why = resolve_paths(args)
-    check_policy_folder(policy)
-    if not rollouts.is_file():
-        fail(f"rollouts file {rollouts} not found")
-    vocab = AutoConfig.from_pretrained(policy).vocab_size
-    episodes = load_episodes(rollouts, args.algo, vocab, args.min_reward)
-    if uses_kl(args):
-        check_policy_folder(ref, "reference policy")
-        print(f"[05] KL reference policy: {ref} ({ref_why})")
-    warnings, others = [], [str(e["policy"]) for e in episodes if e["policy"] is not None
-                            and (e["policy"] == "oracle" or Path(str(e["policy"])).resolve() != policy.resolve())]
-    if args.algo != "sft" and others:
-        warnings.append(f"{len(others)} of {len(episodes)} episodes of {rollouts} were sampled by "
-                        f"{sorted(set(others))[:3]}, not by the loaded policy {policy}: the update is off-policy")
-    return policy, rollouts, out, ref, episodes, warnings
-
-
-def load_episodes(path, algo, vocab, min_reward=None):
-    """The update batch: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}] of the records
-    schemas.load_train_rollouts accepts (its rules: the flags' fields, no greedy RL, no episode twice, --min-reward).
-    SFT trains at temperature 1 whatever the record says."""
-    episodes = []
-    for ln, r in load_train_rollouts(path, algo, vocab, min_reward):
-        turns = [(t["prompt_ids"], t["completion_ids"], t.get("logprobs")) for t in r["model_turns"]]
-        temp = 1.0 if algo == "sft" else float(r.get("temperature", 1.0))  # SFT, or none recorded: T = 1
-        episodes.append(dict(turns=turns, reward=float(r.get("reward", 0.0)), group=r.get("group_id"), temp=temp,
-                             line=ln, policy=r.get("policy"), sampler=r.get("sampler")))
-    return episodes
-
-
-def check_finite(model, vhead, log):
-    """Input checking's last guard: refuse to write a policy whose loss or weights went non-finite (exit 2,
-    nothing written)."""
-    bad = dist.first_non_finite(list(model.named_parameters()) +
-                                (list(vhead.named_parameters()) if vhead is not None else []))
-    loss = next((r["loss"] for r in log if not math.isfinite(r["loss"])), None)
-    if bad or loss is not None:
-        fail(f"the update made {f'weight {bad}' if bad else 'the loss'} non-finite (loss {loss}); nothing written "
-             "(check the rollouts, or lower --lr)")
-
-
 # ------------------------------------------------------------------------------------- the algorithm
-# rollouts -> sequences -> advantages -> pi_old -> the objective -> one update
+# rollout records -> episodes -> sequences -> advantages -> pi_old -> the objective -> one update
 @dataclasses.dataclass(eq=False)  # eq=False: a sequence is itself (compared, hashed by identity)
 class Sequence:
     """One training sequence: a model turn's prompt + completion, or several turns of one episode merged."""
@@ -246,6 +148,18 @@ class Context:
     same_ref: bool = False  # the KL reference is the loaded policy: pi_ref = pi_old
     variants: frozenset = frozenset()  # HARNESS_05_TEST_VARIANTS
     chunk: int = LOGIT_CHUNK  # completion tokens per LM-head chunk (generation.trunk_and_head); 0: all at once
+
+
+def load_episodes(path, algo, vocab, min_reward=None):
+    """The update batch: [{"turns": [(prompt_ids, completion_ids, logprobs|None)], "reward", ...}] of the records
+    schemas.load_train_rollouts accepts (its rules: the flags' fields, no greedy RL, no episode twice, --min-reward)."""
+    episodes = []
+    for ln, r in load_train_rollouts(path, algo, vocab, min_reward):
+        turns = [(t["prompt_ids"], t["completion_ids"], t.get("logprobs")) for t in r["model_turns"]]
+        temp = 1.0 if algo == "sft" else float(r.get("temperature", 1.0))  # SFT whatever it says, none recorded: T = 1
+        episodes.append(dict(turns=turns, reward=float(r.get("reward", 0.0)), group=r.get("group_id"), temp=temp,
+                             line=ln, policy=r.get("policy"), sampler=r.get("sampler")))
+    return episodes
 
 
 def build_sequences(episodes, merge=True):
@@ -284,6 +198,11 @@ def has_signal(u, s):
 def trains(u, s):
     """The sequence runs (pi_old, forward, backward): those with signal. N_B still counts the others."""
     return has_signal(u, s) or "no-skip-zero-adv" in u.variants
+
+
+def uses_kl(args):
+    """The KL term is on: RL with --kl-coef > 0 (then a reference policy is loaded, or is the policy itself)."""
+    return args.algo != "sft" and args.kl_coef > 0
 
 
 def grpo_advantages(rewards, group_ids, use_std=True, eps=ADV_EPS):
@@ -575,6 +494,85 @@ def update(u, opt, epochs, trained, info, warnings):
             bar.set_postfix(loss=f"{m['loss']:.4f}")
     bar.close()
     return log
+
+
+# ---------------------------------------------------------------------------------- input checking
+# Bad input stops with one line on stderr naming the file, line and field (or the flag), exit 2, nothing written:
+# the flags and every rollout record (schemas.py) before any weight is loaded; then two guards, check_head (generation
+# .py) once the model is loaded and check_finite before anything is saved.
+def check_flags(args):
+    """The flags' values, before anything is read."""
+    for k in ("epochs", "micro_batch_size", "minibatches", "minibatch_size", "micro_batch_tokens"):
+        if getattr(args, k) is not None and getattr(args, k) < 1:
+            fail(f"--{k.replace('_', '-')} must be >= 1")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        fail(f"--lr {args.lr}: must be a finite number > 0")
+    if not 0 < args.clip_eps < 1:
+        fail(f"--clip-eps {args.clip_eps}: must be in (0, 1)")
+    for flag, x in (("--kl-coef", args.kl_coef), ("--ent-coef", args.ent_coef), ("--tis-cap", args.tis_cap or 0)):
+        if not (math.isfinite(x) and x >= 0):  # a term's weight, a cap: 0 = off; name only the flag that is wrong
+            fail(f"{flag} {x}: must be a finite number >= 0")
+    if args.algo == "sft" and args.tis_cap is not None:
+        fail("--tis-cap is for --algo grpo/ppo only")
+    if args.algo != "sft" and args.min_reward is not None:
+        fail("--min-reward is for --algo sft only (it would bias an RL update)")
+    if args.fsdp and dist is ONE_PROCESS:  # FSDP2 shards over torchrun's process group
+        fail("--fsdp shards the model over torchrun's processes: run 05 under torchrun --nproc_per_node N, "
+             "or drop --fsdp")
+
+
+def variants_from_env():
+    """The test-only VARIANTS named in HARNESS_05_TEST_VARIANTS."""
+    variants = frozenset(v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip())
+    if variants - VARIANTS.keys():
+        fail(f"{VARIANTS_ENV}: unknown {sorted(variants - VARIANTS.keys())} (known: {sorted(VARIANTS)})")
+    return variants
+
+
+def resolve_paths(args):
+    run, t = Path(args.run), args.iteration
+    if t is None and not (args.policy and args.rollouts and args.out):
+        fail("give --iteration t (with --run DIR) or all of --policy, --rollouts and --out")
+    if t is not None and t < 0:
+        fail(f"--iteration must be >= 0, got {t}")
+    policy = Path(args.policy) if args.policy else iteration_policy(run, t)
+    rollouts = Path(args.rollouts) if args.rollouts else run / f"iter_{t:03d}" / "rollouts.jsonl"
+    out = Path(args.out) if args.out else run / f"iter_{t:03d}" / "policy"
+    ref, why = ((Path(args.ref_policy), "--ref-policy") if args.ref_policy else
+                (run / "init_policy", "the run's initial policy") if t is not None and (run / "init_policy").exists()
+                else (policy, "the loaded policy itself: no --ref-policy and no --iteration"))
+    return policy, rollouts, out, ref, why
+
+
+def check_inputs(args):
+    """The paths, the policy (and reference) folders and every rollout record; the off-policy warning.
+    -> (policy, rollouts, out, ref, episodes, warnings)"""
+    from transformers import AutoConfig
+    policy, rollouts, out, ref, ref_why = resolve_paths(args)
+    check_policy_folder(policy)
+    if not rollouts.is_file():
+        fail(f"rollouts file {rollouts} not found")
+    vocab = AutoConfig.from_pretrained(policy).vocab_size
+    episodes = load_episodes(rollouts, args.algo, vocab, args.min_reward)
+    if uses_kl(args):
+        check_policy_folder(ref, "reference policy")
+        print(f"[05] KL reference policy: {ref} ({ref_why})")
+    warnings, others = [], [str(e["policy"]) for e in episodes if e["policy"] is not None
+                            and (e["policy"] == "oracle" or Path(str(e["policy"])).resolve() != policy.resolve())]
+    if args.algo != "sft" and others:
+        warnings.append(f"{len(others)} of {len(episodes)} episodes of {rollouts} were sampled by "
+                        f"{sorted(set(others))[:3]}, not by the loaded policy {policy}: the update is off-policy")
+    return policy, rollouts, out, ref, episodes, warnings
+
+
+def check_finite(model, vhead, log):
+    """The last guard: refuse to write a policy whose loss or weights went non-finite (exit 2, nothing written)."""
+    bad = dist.first_non_finite(list(model.named_parameters()) +
+                                (list(vhead.named_parameters()) if vhead is not None else []))
+    loss = next((r["loss"] for r in log if not math.isfinite(r["loss"])), None)
+    if bad or loss is not None:
+        fail(f"the update made {f'weight {bad}' if bad else 'the loss'} non-finite (loss {loss}); nothing written "
+             "(check the rollouts, or lower --lr)")
 
 
 # -------------------------------------------------------------------------- the stage's steps, in order
