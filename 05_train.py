@@ -498,8 +498,8 @@ def update(u, opt, epochs, trained, info, warnings):
 
 # ---------------------------------------------------------------------------------- input checking
 # Bad input stops with one line on stderr naming the file, line and field (or the flag), exit 2, nothing written:
-# the flags and every rollout record (schemas.py) before any weight is loaded; then two guards, check_head (generation
-# .py) once the model is loaded and check_finite before anything is saved.
+# the flags and every rollout record (schemas.py) before any weight is loaded; then two guards: check_head once the
+# model is loaded (generation.py), check_finite before anything is saved.
 def check_flags(args):
     """The flags' values, before anything is read."""
     for k in ("epochs", "micro_batch_size", "minibatches", "minibatch_size", "micro_batch_tokens"):
