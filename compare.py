@@ -60,14 +60,15 @@ CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*)
 
 # The tables a ledger makes (--ledger): name -> (reference row, rows), each a method's records (ledger.py); a table
 # is written once its reference and one more row have records. The policy before SFT is "untrained" (toy: random
-# weights) or "zero-shot" (a pretrained model); "+ppo": the method trained with 05 --algo ppo.
+# weights) or "zero-shot" (a pretrained model); "+ppo": the method trained with 05 --algo ppo (in main: its Δ to
+# GRPO's harness-scaling; in ppo: the paper's comparison within PPO).
 TABLES = {"main": ("harness-scaling", ["untrained", "zero-shot", "warm-start", "harness-scaling", "single",
-                                       "blackbox-sft", "blackbox-rl"]),
+                                       "blackbox-sft", "blackbox-rl", "harness-scaling+ppo", "single+ppo"]),
           "selection": ("harness-scaling", ["harness-scaling", "random18"]),
           "assignment": ("harness-scaling", ["harness-scaling", "random-assign"]),
           "k": ("harness-scaling", ["k1", "harness-scaling", "k5"]),
           "ppo": ("harness-scaling+ppo", ["harness-scaling+ppo", "single+ppo", "harness-scaling", "single"])}
-CURVE_ROWS = ["harness-scaling", "single"]  # the transfer curve's lines (their records carry curve/)
+CURVE_ROWS = ["harness-scaling", "single", "harness-scaling+ppo", "single+ppo"]  # the curve's lines (records' curve/)
 
 
 # ----------------------------------------------------------------------------- Args

@@ -55,14 +55,16 @@ SUMMARY_FIELDS = ("label", "heldout_ids", "train_ids", "external_ids", "framewor
 # ----------------------------------------------------------------------------- what a run spent and learned
 def iteration_rows(run):
     """The training signal per RL iteration of a run folder (RUN/iter_NNN/train_log.jsonl, one row per minibatch of
-    05): mean training reward, share of GRPO groups with signal, optimizer steps, largest approx_kl and clip share."""
+    05): mean training reward, share of GRPO groups with signal (None for PPO: no groups), optimizer steps, largest
+    approx_kl and clip share."""
     rows = []
     for log in sorted(Path(run).glob("iter_*/train_log.jsonl")):
         steps = [s for _, s in read_jsonl(log) if "reward_mean" in s]
         if not steps:
             continue
         rows.append({"iteration": int(log.parent.name.split("_")[1]), "reward_mean": steps[0]["reward_mean"],
-                     "groups_with_signal": 1 - steps[0]["zero_var_group_share"],
+                     "groups_with_signal": (None if steps[0].get("zero_var_group_share") is None
+                                            else 1 - steps[0]["zero_var_group_share"]),
                      "optimizer_steps": sum(bool(s.get("optimizer_step")) for s in steps),
                      "approx_kl_max": max(s["approx_kl"] for s in steps),
                      "clip_frac_max": max(s["clip_frac"] for s in steps)})

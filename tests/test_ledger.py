@@ -97,6 +97,29 @@ def test_tables_from_records_alone_average_seeds_and_regenerate_byte_for_byte(tm
     assert (out / "all" / "ledger-main.json").read_bytes() == (out / "a-main.json").read_bytes()
 
 
+def test_a_ppo_record_joins_the_main_table_against_grpo_harness_scaling(tmp_path, ledger):
+    """05 --algo ppo logs no GRPO groups (no zero_var_group_share): its record still writes (groups None), and the
+    main table gets its row with the paired difference to harness-scaling, the ppo table its own reference."""
+    run = method_run(tmp_path / "runs", "harness-scaling+ppo", 0)
+    (run / "iter_000" / "train_log.jsonl").write_text(json.dumps(
+        {"reward_mean": 0.125, "value_loss": 0.04, "optimizer_step": True, "approx_kl": 0.001,
+         "clip_frac": 0.003}) + "\n")
+    write(tmp_path, run, "harness-scaling+ppo", 0, ledger)
+    record = json.loads((ledger / "harness-scaling+ppo" / "seed0" / "record.json").read_text())
+    assert record["training_signal"] == [{"iteration": 0, "reward_mean": 0.125, "groups_with_signal": None,
+                                          "optimizer_steps": 1, "approx_kl_max": 0.001, "clip_frac_max": 0.003}]
+    want = {m: per_task_values([tmp_path / "runs" / f"{m}-seed{s}" / "eval" / m for s in seeds], "inspace")
+            for m, seeds in (("harness-scaling", (0, 1)), ("harness-scaling+ppo", (0,)))}
+    run_stage("compare.py", "--ledger", ledger, "--out", tmp_path / "t", "--bootstrap", 300)
+    main = json.loads((tmp_path / "t-main.json").read_text())
+    assert [r["name"] for r in main["rows"]] == ["harness-scaling", "single", "harness-scaling+ppo"]
+    a, b = want["harness-scaling"], want["harness-scaling+ppo"]
+    assert main["rows"][2]["splits"]["inspace"]["diff_vs_reference"] == \
+        pytest.approx(sum(b[t] - a[t] for t in TASKS) / len(TASKS))
+    ppo = json.loads((tmp_path / "t-ppo.json").read_text())
+    assert [r["name"] for r in ppo["rows"]] == ["harness-scaling+ppo", "harness-scaling", "single"]
+
+
 def test_other_common_ground_is_refused_naming_the_field(tmp_path, ledger):
     other = dict(GROUND, budget={"lr": 0.002, "iterations": 3})
     run = method_run(tmp_path / "runs", "random18", 0)
