@@ -62,9 +62,9 @@ def iteration_rows(run):
         steps = [s for _, s in read_jsonl(log) if "reward_mean" in s]
         if not steps:
             continue
+        zero_var = steps[0].get("zero_var_group_share")  # logged by GRPO's 05 only
         rows.append({"iteration": int(log.parent.name.split("_")[1]), "reward_mean": steps[0]["reward_mean"],
-                     "groups_with_signal": (None if steps[0].get("zero_var_group_share") is None
-                                            else 1 - steps[0]["zero_var_group_share"]),
+                     "groups_with_signal": None if zero_var is None else 1 - zero_var,
                      "optimizer_steps": sum(bool(s.get("optimizer_step")) for s in steps),
                      "approx_kl_max": max(s["approx_kl"] for s in steps),
                      "clip_frac_max": max(s["clip_frac"] for s in steps)})
