@@ -3,6 +3,8 @@
     # train mode: tasks of iteration t from DIR/assignment.jsonl, x's i-th visit under H_x[i mod K], G samples each
     python 04_rollout.py --run runs/toy --iteration 0 --group-size 4 --tasks-per-iteration 32
     python 04_rollout.py --run runs/toy --iteration 0 --policy oracle --tokenizer runs/toy/init_policy
+    # iterations 0..5 in one process, one engine (what pipeline.py runs): each waits for 05's policy, reloaded
+    python 04_rollout.py --run runs/toy --iteration 0 --until 6 --group-size 4 --tasks-per-iteration 32
     # eval mode: tasks (default data/test_tasks.jsonl) x harnesses x samples
     python 04_rollout.py --run runs/toy --eval --policy runs/toy/iter_004/policy --harnesses heldout:20 \
         --out runs/toy/eval/heldout.jsonl
@@ -32,10 +34,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from environment import ToolError, Workspace, argument, check_results, clip, oracle_reply, safe, score
-from generation import BackendError, encode, extend_prompt, load_for_generation, scripted_reply
-from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything, write_atomic
+from generation import BackendError, KeptEngine, encode, extend_prompt, scripted_reply
+from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything, wait_for, write_atomic
 from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, SYNTAXES  # noqa: F401 (the T.syntax names PARSERS reads)
-from schemas import harness_pool, load_assignment, load_harness_file, load_tasks, select_harnesses
+from schemas import BLACKBOXES, EVAL_ONLY, check_oracle, harness_pool, load_assignment, load_harness_file, load_tasks
+from schemas import select_harnesses, split_frameworks
 
 HERE = Path(__file__).resolve().parent  # data/ beside this file: the default tasks, the external harnesses
 EXTERNAL = HERE / "data" / "external_harnesses.json"  # X-shell and X-react: --harnesses external
@@ -80,6 +83,8 @@ def parse_args(argv=None):
     what.add_argument("--shard", metavar="I/N", help="run part I of N (0-based) of the episodes, into <out>.shard-I-of-"
                       "N.jsonl; concatenated in order of I, the parts are one process's records (pipeline --gpus N)")
     train.add_argument("--order-seed", type=int, default=0, help="seed of the task order (fixed: batches cycle)")
+    train.add_argument("--until", type=int, metavar="T", help="iterations --iteration .. T-1 in turn, one engine: "
+                       "each waits for 05's policy, loaded into it (pipeline.py; see kept_engine)")
     sampling.add_argument("--concurrency", type=int, default=32, help="framework episodes side by side (1: one by one)")
     return p.parse_args(argv)  # (flags added in one fixed order: the config lists them in that order)
 
@@ -552,23 +557,6 @@ def eval_jobs(args, tasks, spec):
             for s in range(args.samples)]
 
 
-# The black boxes (docs/blackbox.md), each behind a bridge: NAME -> its module; pydantic-ai also trains
-BLACKBOXES = {"smolagents": "smolagents_harness", "smolagents-native": "smolagents_native_harness",
-              "pydantic-ai": "pydantic_ai_harness"}
-EVAL_ONLY = {"smolagents": "evaluation only: its text mode is an unseen call syntax, no method trains in it",
-             "smolagents-native": "evaluation only: it plays Claude Code, a role that never trains"}
-
-
-def split_frameworks(spec):
-    """--harnesses SPEC -> (the rest or None, [(framework, N or None)]): an item NAME or NAME:N runs inside that
-    framework on the first N tasks (eval mode, e.g. base,pydantic-ai:8), after the others, on the same engine."""
-    items = [i.strip().partition(":") for i in (spec or "").split(",") if i.strip()]
-    if any(name in BLACKBOXES and sep and not n.isdigit() for name, sep, n in items):
-        fail(f"--harnesses {spec}: a framework is NAME or NAME:N (its first N tasks)")
-    rest = ",".join("".join(i) for i in items if i[0] not in BLACKBOXES)
-    return rest or None, [(name, int(n) if sep else None) for name, sep, n in items if name in BLACKBOXES]
-
-
 def run_blackbox(args, frameworks, tasks, policy, backend, tok, positions):
     """The episodes inside each framework (NAME, its first N tasks), all side by side, --concurrency at a time, model
     calls batched across frameworks (smolagents_harness.Lockstep). Eval: every task x --samples. Train (pydantic-ai):
@@ -613,6 +601,8 @@ def validate_flags(args):
     if not args.eval and args.harnesses not in (None, "pydantic-ai"):  # the one framework a method trains in
         why = EVAL_ONLY.get(args.harnesses, "not in train mode, which runs the harnesses of assignment.jsonl")
         fail(f"--harnesses {args.harnesses}: {why}; black-box RL trains inside pydantic-ai (--harnesses pydantic-ai)")
+    if args.until is not None and (args.eval or args.shard or args.until <= (args.iteration or 0)):
+        fail(f"--until {args.until}: train mode in one process only (no --eval, no --shard), after --iteration")
     if args.shard and split_frameworks(args.harnesses)[1]:
         fail(f"--shard: not for --harnesses {args.harnesses} (its episodes run inside the framework)")
     return (int(m[1]), int(m[2])) if args.shard else None
@@ -630,15 +620,6 @@ def shard_path(path, i, n):
     return path.with_name(f"{path.stem}.shard-{i}-of-{n}{path.suffix}")
 
 
-def check_oracle(jobs, tasks_path):
-    """The oracle replays each task's solution: every task needs one, with tools its harness has."""
-    for task, h, _ in jobs:
-        missing = {s["tool"] for s in task.get("solution") or []} - set(h["specs"]["T"]["tools"])
-        if not task.get("solution") or missing:
-            fail(f"{tasks_path}: task {task['task_id']!r}: the oracle needs a 'solution' whose tools harness "
-                 f"{h['harness_id']} has (missing: {sorted(missing) or 'solution'})")
-
-
 def summarize(records):
     """One line of means over all episodes (06 makes the tables)."""
     mean = {f: sum(float(r[f]) for r in records) / len(records) for f in ("reward", "success", "parse_errors", "turns")}
@@ -646,7 +627,7 @@ def summarize(records):
           f"success {mean['success']:.3f}, parse errors/episode {mean['parse_errors']:.2f}, turns {mean['turns']:.2f}")
 
 
-def run_stage(args):
+def run_stage(args, engine=None):  # engine: --until's KeptEngine, kept from call to call
     shard = validate_flags(args)  # [multi-GPU] (I, N)
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
@@ -663,9 +644,9 @@ def run_stage(args):
     policy = args.policy or str(iteration_policy(args.run, args.iteration or 0))  # eval mode gives --policy
     if policy == "oracle":
         check_oracle(jobs, tasks_path)
-    backend, tok, positions = load_for_generation(policy, args)
+    backend, tok, positions = (engine or KeptEngine()).get(policy, args)
     seed_everything(args.seed)
-    start = time.perf_counter()
+    start, gen_before = time.perf_counter(), backend.gen_seconds if backend else 0.0
     records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
                            args.temperature, progress=bool(jobs))
     records += run_blackbox(args, frameworks, tasks, policy, backend, tok, positions)  # same engine, after
@@ -677,7 +658,8 @@ def run_stage(args):
                 if m in sys.modules}
     config = {**vars(args), "policy": policy, "tasks": str(tasks_path), "episodes": len(records), "out": str(out),
               "harness_ids": sorted({r["harness_id"] for r in records}), "wall_seconds": round(wall, 3),
-              "generation_seconds": round(backend.gen_seconds, 3) if backend else None, "versions": versions}
+              "generation_seconds": round(backend.gen_seconds - gen_before, 3) if backend else None,
+              "engine_reloads": engine.reloads if engine else 0, "versions": versions}
     write_atomic(config_path, json.dumps(config, indent=2))
     if records:
         summarize(records)
@@ -685,11 +667,28 @@ def run_stage(args):
     return records
 
 
+def kept_engine(args):
+    """--until T: iterations u = t .. T-1, one engine for all (its start-up, ~45 s of a ~100 s call on a CPU, paid
+    once): u waits for its policy (05 renames RUN/iter_{u-1:03d}/policy into place last), loads it into the engine
+    (generation.KeptEngine) and runs as `--iteration u --seed S+u-t` would (--policy: only u = t's)."""
+    engine, t = KeptEngine(), args.iteration
+    for u in range(t, args.until):
+        a = argparse.Namespace(**{**vars(args), "iteration": u, "seed": args.seed + u - t,
+                                  "policy": args.policy if u == t or args.policy == "oracle" else None})
+        if a.policy != "oracle":
+            wait_for(Path(a.policy or iteration_policy(a.run, u)), f"iteration {u}'s policy (05's)")
+        with locked(output_path(a).with_name(output_path(a).name + ".lock")):
+            run_stage(a, engine)
+
+
 def main(argv=None):
     args = parse_args(argv)
     out = output_path(args)  # one writer per output file: <out>.lock while this call writes it
     lock = locked(out.with_name(out.name + ".lock")) if out else contextlib.nullcontext()  # None: a usage error
     try:
+        if args.until is not None:
+            validate_flags(args)  # before any waiting
+            return kept_engine(args)
         with lock:
             run_stage(args)
     except BackendError as e:  # generation.py's bad input (a folder, vllm missing): one line, exit 2

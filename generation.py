@@ -11,6 +11,7 @@ encode / extend_prompt). Both backends keep one contract, so 04 never knows whic
     backend.generate([prompt_ids, ...], turn, keys=[episode_id, ...])  # each episode's randomness its own (04)
     backend.generate([prompt_ids, ...], [turn, ...], keys=[episode_id, ...])  # a turn per prompt (the bridges)
     backend, tok, positions = load_for_generation(policy, args)  # 04's policy: a checkpoint, or the oracle's none
+    backend, tok, positions = KeptEngine().get(policy, args)  # the same, then .get(next_policy, args) reloads it
 
 completion_ids: the sampled tokens, cut after the first stop token (tok.stop_ids); logprobs: for each of
 them the log-probability under the distribution it was sampled from (logits / temperature, no other warper),
@@ -148,10 +149,15 @@ class HFBackend:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         cuda = self.device == "cuda"
         dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported())
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device).eval()
+        self.load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype)).to(self.device)
+        self.model = self.load(path).eval()
         self.sampler = {"backend": "hf", "dtype": dtype}  # stored in every record: 05 decides the correction by it
         self.pad = tok.pad_token_id if tok.pad_token_id is not None else tok.stop_ids[0]
         self.gen_seconds = 0.0
+
+    def reload(self, path):
+        """Another checkpoint of the same model (KeptEngine): its weights, loaded again."""
+        self.model = self.load(path).eval()
 
     def generate(self, prompts, turn, keys=None):
         from transformers import GenerationConfig, LogitsProcessor
@@ -242,6 +248,14 @@ class VLLMBackend:
                             logprobs_mode="processed_logprobs",
                             **{k: v for k, v in options.items() if v is not None})
 
+    def reload(self, path):
+        """Another checkpoint of the same model (KeptEngine) into the running engine, in place: vLLM's
+        Worker.reload_weights (vLLM >= 0.32; the CPU worker is a GPU Worker) reads its safetensors, then the prefix
+        cache is emptied (its KV blocks were computed by the old weights). Tested against a fresh engine on the same
+        checkpoint (tests/test_vllm_cpu.py)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        self.llm.reset_prefix_cache()
+
     def generate(self, prompts, turn, keys=None):
         T = self.args.temperature
         # a distinct seed per request: group samples must differ; with keys, the episode's own (see episode_seed)
@@ -275,6 +289,26 @@ def load_for_generation(policy, args):
     if args.backend == "vllm" and args.max_model_len:  # vLLM refuses longer prompts: end those episodes first
         positions = min(positions or args.max_model_len, args.max_model_len)
     return (VLLMBackend if args.backend == "vllm" else HFBackend)(policy, tok, args), tok, positions
+
+
+class KeptEngine:
+    """One backend for a sequence of checkpoints of one model (04 --until: an RL run's iterations): the first
+    get() loads it as load_for_generation does (vLLM: the engine starts, ~30-45 s on a CPU); each later get() loads
+    the new checkpoint's weights into it (backend.reload: ~0.4 s for SmolLM2) and gives it that call's args (the
+    iteration's seed). The tokenizer and positions stay those of the first checkpoint: 05 saves the same ones."""
+
+    def __init__(self):
+        self.loaded, self.reloads = None, 0
+
+    def get(self, policy, args):
+        if self.loaded is None:
+            self.loaded = load_for_generation(policy, args)
+        elif self.loaded[0] is not None:  # the oracle has no weights
+            self.loaded[0].reload(policy)
+            self.reloads += 1
+        if self.loaded[0] is not None:
+            self.loaded[0].args = args
+        return self.loaded
 
 
 # ----------------------------------------------------------------------------- function calling (black-box bridges)

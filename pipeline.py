@@ -279,16 +279,18 @@ def claim(folder, config, name, overwrite):
         write_atomic(path, json.dumps(config, indent=2))
 
 
-def step(name, output, cmd, args, log=None, shards=1):
+def step(name, output, cmd, args, log=None, shards=1, kept_04=None):
     """Run one stage unless its output exists. `output` is the file or folder the stage writes last.
-    shards > 1 (04 with --gpus N): N processes at once, then their files concatenated into `output`."""
+    shards > 1 (04 with --gpus N): N processes at once, then their files concatenated into `output`.
+    kept_04 (a Kept04): the 04 process that runs every iteration's rollouts writes `output`; wait for it."""
     if Path(output).exists():
         print(f"[pipeline] {name}: done already ({output})")
     else:
-        if shards == 1:
+        if shards == 1 and kept_04 is None:
             print(f"[pipeline] {name}: python {' '.join(str(c) for c in cmd)}", flush=True)
         t0 = time.time()
-        if not (run_shards(name, output, cmd, shards) if shards > 1 else run_stage([PY, *map(str, cmd)]) == 0):
+        if not (kept_04.wait(name, cmd, output) if kept_04 else run_shards(name, output, cmd, shards) if shards > 1 else
+                run_stage([PY, *map(str, cmd)]) == 0):
             print(f"error: step {name} failed (command above); fix it and re-run: finished steps are kept",
                   file=sys.stderr)
             raise SystemExit(1)
@@ -338,6 +340,42 @@ def run_shards(name, output, cmd, n):
     for p in parts:
         p.unlink()
     return True
+
+
+class Kept04:
+    """04 for iterations t .. N-1 in one process with one engine (04 --until N; docs/rl-cost.md): the first 04 step
+    with work starts it with its own command, each 04 step waits for the rollouts it writes (05 runs in between,
+    its policy loaded into the running engine). Stopping the pipeline stops it (close, or it sees its parent end)."""
+
+    def __init__(self, until):
+        self.until, self.proc = until, None
+
+    def wait(self, name, cmd, output):
+        if self.proc is None:
+            cmd = [*map(str, cmd), "--until", str(self.until)]
+            print(f"[pipeline] {name}..{self.until - 1}: python {' '.join(cmd)}", flush=True)
+            self.proc = subprocess.Popen([PY, *cmd], cwd=HERE, start_new_session=True)
+        else:
+            print(f"[pipeline] {name}: the same 04 process (pid {self.proc.pid})", flush=True)
+        got = []  # SIGINT / SIGTERM while waiting: stop 04, then the pipeline (as run_child does for a stage)
+        previous = {sig: signal.signal(sig, lambda sig, frame: got.append(sig))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while not Path(output).exists() and not got and self.proc.poll() is None:
+                time.sleep(0.2)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if got:
+            self.close()
+            print(f"stopped by {signal.Signals(got[0]).name}: 04 ended. {STOP_HINT}", file=sys.stderr)
+            raise SystemExit(128 + got[0])
+        return Path(output).exists()  # else 04 ended without writing it: its error is above
+
+    def close(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
 
 
 def stage05(args):
@@ -476,22 +514,29 @@ def train(cfg, args, method, run, seed, train_tasks, vllm_flags, sft_from=None):
     # RL's first policy: the warm start (RUN/init_policy); black-box RL: black-box SFT's (05 starts a fresh AdamW:
     # its optimizer.pt was saved by --algo sft)
     start = ["--policy", run / "sft" / "policy"] if inside else []
-    for t in range(cfg["iterations"]):
-        it, first = run / f"iter_{t:03d}", start if t == 0 else []
-        step(f"04-it{t}", it / "rollouts.jsonl",
-             ["04_rollout.py", "--run", run, "--iteration", t, *first, "--backend", cfg["backend"],
-              "--tasks", train_tasks,
-              "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
-              "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
-              "--max-new-tokens", cfg["max_new_tokens"], "--seed", seed + t, "--order-seed", seed, *inside,
-              *vllm_flags], args, log, shards=1 if inside else args.gpus)  # a framework's episodes: one process
-        step(f"05-it{t}", it / "policy",
-             [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--amp", cfg["amp"],
-              *(["--micro-batch-tokens", cfg["micro_batch_tokens"]] if cfg.get("micro_batch_tokens") else []),
-              *first,
-              "--lr", cfg["lr"], "--seed", seed + t, "--epochs", cfg["ppo_epochs"]], args, log)
-        # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
-        (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
+    shards = 1 if inside else args.gpus  # a framework's episodes: one process
+    # one 04 process (one engine) for the iterations left, 05 between them; --gpus N: N shards an iteration
+    kept = Kept04(cfg["iterations"]) if shards == 1 else None
+    try:
+        for t in range(cfg["iterations"]):
+            it, first = run / f"iter_{t:03d}", start if t == 0 else []
+            step(f"04-it{t}", it / "rollouts.jsonl",
+                 ["04_rollout.py", "--run", run, "--iteration", t, *first, "--backend", cfg["backend"],
+                  "--tasks", train_tasks,
+                  "--tasks-per-iteration", cfg["tasks_per_iteration"], "--group-size", cfg["group_size"],
+                  "--temperature", cfg["temperature"], "--max-turns", cfg["max_turns"],
+                  "--max-new-tokens", cfg["max_new_tokens"], "--seed", seed + t, "--order-seed", seed, *inside,
+                  *vllm_flags], args, log, shards=shards, kept_04=kept)
+            step(f"05-it{t}", it / "policy",
+                 [*stage05(args), "--run", run, "--iteration", t, "--algo", cfg["algo"], "--amp", cfg["amp"],
+                  *(["--micro-batch-tokens", cfg["micro_batch_tokens"]] if cfg.get("micro_batch_tokens") else []),
+                  *first,
+                  "--lr", cfg["lr"], "--seed", seed + t, "--epochs", cfg["ppo_epochs"]], args, log)
+            # 05 reads only the latest optimizer.pt (2x the fp32 weights: ~4 GB for a 0.5B model): drop older ones
+            (run / f"iter_{t - 1:03d}" / "policy" / "optimizer.pt").unlink(missing_ok=True)
+    finally:
+        if kept:
+            kept.close()
     return iteration_policy(run, cfg["iterations"])  # the policy after the last iteration
 
 

@@ -141,6 +141,20 @@ def iteration_policy(run, t):
     return Path(run) / ("init_policy" if t == 0 else f"iter_{t - 1:03d}/policy")
 
 
+STARTED_BY = os.getppid()  # the process that started this one, read at import (wait_for)
+
+
+def wait_for(path, what):
+    """Wait until `path` exists (a stage renames its output into place last), polling; fail if the process that
+    started this one ends first (pipeline.py's 04 --until: no engine left behind as an orphan)."""
+    if not Path(path).exists():
+        print(f"waiting for {what}: {path}", flush=True)
+    while not Path(path).exists():
+        if os.getppid() != STARTED_BY:
+            fail(f"the process that started this one ended before {path} appeared")
+        time.sleep(0.2)
+
+
 # ----------------------------------------------------------------------------- one writer per run folder
 # The lock is a file created with O_CREAT | O_EXCL (only one process can create it) holding the writer's pid and
 # command. A second writer reads it: a live pid -> "held by pid N", exit 2; a dead pid -> stale, removed, retried.

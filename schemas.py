@@ -12,10 +12,10 @@ the first bad field, through plumbing.fail (exit 2), with the place first, the w
     ASSIGNMENT   a line of RUN/assignment.jsonl: a task's harness group H_x (03 writes it, 04 reads it)
     ROLLOUT      an episode record, as 04 writes it (05 trains on it, 06 evaluates it; TRAIN_ROLLOUT: 05's reading)
 
-The readers at the end (load_tasks, load_harness_file, load_run_harnesses, harness_pool, select_harnesses,
-load_assignment, load_rollouts, load_train_rollouts) add the rules that span records: ids unique, ids that name a task
-or a harness of the run, token ids inside the policy's vocabulary, an update batch's rules (05). Every message names
-the file and line (`path:line:`).
+The readers at the end (load_tasks, load_harness_file, load_run_harnesses, harness_pool, select_harnesses and
+split_frameworks: what 04's --harnesses names, check_oracle, load_assignment, load_rollouts, load_train_rollouts)
+add the rules that span records: ids unique, ids that name a task or a harness of the run, token ids inside the
+policy's vocabulary, an update batch's rules (05). Every message names the file and line (`path:line:`).
 """
 import json
 import math
@@ -263,6 +263,32 @@ def select_harnesses(run, spec, external, seed):
             fail(f"--harnesses: unknown harness id {clip(hid, 60)!r} (not in {run}/*.jsonl, the built-in external "
                  "harnesses or --harness-file)")
     return [pool[hid] for hid in ids]
+
+
+# The black boxes (docs/blackbox.md), each behind a bridge: NAME -> its module; pydantic-ai also trains
+BLACKBOXES = {"smolagents": "smolagents_harness", "smolagents-native": "smolagents_native_harness",
+              "pydantic-ai": "pydantic_ai_harness"}
+EVAL_ONLY = {"smolagents": "evaluation only: its text mode is an unseen call syntax, no method trains in it",
+             "smolagents-native": "evaluation only: it plays Claude Code, a role that never trains"}
+
+
+def split_frameworks(spec):
+    """--harnesses SPEC -> (the rest or None, [(framework, N or None)]): an item NAME or NAME:N runs inside that
+    framework on the first N tasks (eval mode, e.g. base,pydantic-ai:8), after the others, on the same engine."""
+    items = [i.strip().partition(":") for i in (spec or "").split(",") if i.strip()]
+    if any(name in BLACKBOXES and sep and not n.isdigit() for name, sep, n in items):
+        fail(f"--harnesses {spec}: a framework is NAME or NAME:N (its first N tasks)")
+    rest = ",".join("".join(i) for i in items if i[0] not in BLACKBOXES)
+    return rest or None, [(name, int(n) if sep else None) for name, sep, n in items if name in BLACKBOXES]
+
+
+def check_oracle(jobs, tasks_path):
+    """The oracle replays each task's solution: every task needs one, with tools its harness has."""
+    for task, h, _ in jobs:
+        missing = {s["tool"] for s in task.get("solution") or []} - set(h["specs"]["T"]["tools"])
+        if not task.get("solution") or missing:
+            fail(f"{tasks_path}: task {task['task_id']!r}: the oracle needs a 'solution' whose tools harness "
+                 f"{h['harness_id']} has (missing: {sorted(missing) or 'solution'})")
 
 
 def load_assignment(path, task_ids, harness_ids, tasks_path):

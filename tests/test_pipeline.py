@@ -113,8 +113,9 @@ def test_blackbox_methods_train_and_are_scored_inside_the_frameworks(tmp_path, m
     the preset."""
     pipe = load_stage("pipeline.py")
     steps = []
-    monkeypatch.setattr(pipe, "step", lambda name, output, cmd, args, log=None, shards=1:
-                        steps.append((name, [str(c) for c in cmd], shards)))
+    kept = []  # the Kept04 each step got (None: a process of its own)
+    monkeypatch.setattr(pipe, "step", lambda name, output, cmd, args, log=None, shards=1, kept_04=None:
+                        steps.append((name, [str(c) for c in cmd], shards)) or kept.append(kept_04))
     args = pipe.parse_args(["--gpus", "2", "--preset", "small"])
     cfg = dict(pipe.settings(args), iterations=2)
     run, tasks = tmp_path / "run", tmp_path / "t.jsonl"
@@ -128,6 +129,8 @@ def test_blackbox_methods_train_and_are_scored_inside_the_frameworks(tmp_path, m
     assert flag(cmd04, "--group-size") == "8" and flag(cmd04, "--tasks-per-iteration") == "12"
     assert "torch.distributed.run" in cmd05 and "05_train.py" in cmd05 and flag(cmd05, "--algo") == "grpo"
     assert [n for n, _, _ in steps] == ["04-demos", "05-sft", "04-it0", "05-it0", "04-it1", "05-it1"]
+    # both iterations' rollouts from one 04 process (one engine, 04 --until 2), even with --gpus 2
+    assert kept[2] is kept[4] and kept[2].until == 2 and [kept[i] for i in (0, 1, 3, 5)] == [None] * 4
     steps.clear()
     assert pipe.train(cfg, args, "blackbox-sft", run, 0, tasks, []) == run / "sft" / "policy"
     assert steps == bb_sft  # the same SFT commands as blackbox-rl's first two steps
@@ -154,7 +157,7 @@ def test_blackbox_rl_takes_blackbox_sfts_sft(tmp_path, monkeypatch):
     wall times (its record counts them) and starts RL from the copy; where it has not, blackbox-rl makes its own."""
     pipe = load_stage("pipeline.py")
     steps = []  # the steps that would run: as step() does, one whose output exists is done already
-    monkeypatch.setattr(pipe, "step", lambda name, output, cmd, args, log=None, shards=1:
+    monkeypatch.setattr(pipe, "step", lambda name, output, cmd, args, log=None, shards=1, kept_04=None:
                         None if Path(output).exists() else steps.append(name))
     args = pipe.parse_args(["--preset", "small"])
     cfg = dict(pipe.settings(args), iterations=1)

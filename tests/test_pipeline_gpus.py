@@ -16,8 +16,10 @@ def drive(tmp_path, monkeypatch, gpus, *flags):
 
     class FakePopen:
         def __init__(self, cmd, cwd, env=None, start_new_session=False):
-            if "--shard" not in cmd:  # a stage run by run_stage (in its own session): recorded in `runs`
+            if "--shard" not in cmd:  # a stage run by run_stage, or the one 04 process (Kept04): in `runs`
                 runs.append(cmd)
+                if "04_rollout.py" in cmd:
+                    (run / "iter_000" / "rollouts.jsonl").write_text('{"shard": null}\n')
                 return
             popens.append((cmd, env["CUDA_VISIBLE_DEVICES"]))
             i, n = cmd[cmd.index("--shard") + 1].split("/")
@@ -26,6 +28,8 @@ def drive(tmp_path, monkeypatch, gpus, *flags):
 
         def wait(self):
             return 0
+
+        poll = wait
 
     def fake_run(cmd, cwd):
         runs.append(cmd)
@@ -42,14 +46,15 @@ def test_gpus_n_shards_04_and_runs_05_under_torchrun(tmp_path, monkeypatch):
     run1, popens1, runs1 = drive(tmp_path, monkeypatch, 1)
     run3, popens3, runs3 = drive(tmp_path, monkeypatch, 3)
     py = pipe.PY
-    # --gpus 1: one 04 process, then `python 05_train.py`, as before
+    # --gpus 1: one 04 process for every iteration (--until: one engine), then `python 05_train.py`
     assert popens1 == [] and len(runs1) == 2
     cmd04, cmd05 = runs1
     assert cmd04[:2] == [py, "04_rollout.py"] and "--shard" not in cmd04 and cmd05[:2] == [py, "05_train.py"]
-    # --gpus 3: shard i of 3 on GPU i, otherwise the same command
+    assert cmd04[-2:] == ["--until", "1"]
+    # --gpus 3: shard i of 3 on GPU i, a process per iteration, otherwise the same command
     assert [gpu for _, gpu in popens3] == ["0", "1", "2"]
     for i, (cmd, _) in enumerate(popens3):
-        assert cmd == [py, *[str(c).replace("run1", "run3") for c in cmd04[1:]], "--shard", f"{i}/3"]
+        assert cmd == [py, *[str(c).replace("run1", "run3") for c in cmd04[1:-2]], "--shard", f"{i}/3"]
     # the shard files concatenated in shard order, then removed
     rows = (run3 / "iter_000" / "rollouts.jsonl").read_text().splitlines()
     assert rows == [f'{{"shard": {i}, "k": {k}}}' for i in range(3) for k in range(i + 1)]
@@ -104,12 +109,16 @@ def test_05_gets_the_presets_update_flags(tmp_path, monkeypatch, capsys):
     for preset, flags, expect in cases:
         runs = []
 
-        class Recorder:  # run_stage's process: recorded, exits 0
+        class Recorder:  # run_stage's process, or 04 (Kept04, which writes the rollouts): recorded, exits 0
             def __init__(self, cmd, cwd, env=None, start_new_session=False):
                 runs.append(cmd)
+                if "04_rollout.py" in cmd:
+                    (run / "iter_000" / "rollouts.jsonl").write_text("{}\n")
 
             def wait(self):
                 return 0
+
+            poll = wait
 
         monkeypatch.setattr(pipe.subprocess, "Popen", Recorder)
         args = pipe.parse_args(["--preset", preset, *flags])
