@@ -125,7 +125,7 @@ def main(argv=None):
                                         capture_output=True, text=True).stdout.strip()}
         args.work_runs = {"before": work / "before", "after": work / "after"}
         walls, times = {}, {}
-        for version, code in (("before", before_code), ("after", ROOT)):
+        for version, code in (("after", ROOT), ("before", before_code)):  # after first: a failure shows early
             walls[version], times[version] = run_pipeline(code, args.work_runs[version], args)
             print(f"[bench] {version}: {walls[version]:.0f} s", flush=True)
         text = report(args, revs, walls, times, cmd)
