@@ -37,7 +37,11 @@ def parse_args(argv=None):
     p.add_argument("--rev", required=True, help="git revision of the 'before' pipeline and stages")
     p.add_argument("--warmstart", default="runs/exp/warmstart", help="warm-start folder (pipeline --warmstart)")
     p.add_argument("--iterations", type=int, default=3, help="RL iterations each version runs")
+    p.add_argument("--first", choices=["after", "before"], default="after", help="which version runs first (the "
+                   "machine's speed drifts: run both orders)")
     p.add_argument("--work", default=None, help="folder for the two run folders (default: a temporary one)")
+    p.add_argument("--report-only", action="store_true", help="the run folders in --work are there (with its "
+                   "bench.json): write the report from them, run nothing")
     p.add_argument("--out", default=str(ROOT / "results" / "iteration_cost.md"), help="markdown report")
     return p.parse_args(argv)
 
@@ -75,6 +79,17 @@ def agreement(a, b):
     return (len(ids), sum(outcome(a[i]) == outcome(b[i]) for i in ids), sum(tokens(a[i]) == tokens(b[i]) for i in ids))
 
 
+def episode_seconds(run, t):
+    """04's own wall time for iteration t's episodes (its config's wall_seconds: no process or engine start-up)."""
+    return json.loads((Path(run) / f"iter_{t:03d}" / "04_rollout_config.json").read_text())["wall_seconds"]
+
+
+def update_seconds(run, t):
+    """05's update and pi_old scoring (its config's update_s + prep_s: no process start-up, loading or saving)."""
+    c = json.loads((Path(run) / f"iter_{t:03d}" / "05_train_config.json").read_text())
+    return c["update_s"] + c["prep_s"]
+
+
 def report(args, revs, walls, times, cmd):
     n = args.iterations
     it = {v: [(times[v][f"04-it{t}"], times[v][f"05-it{t}"]) for t in range(n)] for v in times}
@@ -104,6 +119,20 @@ def report(args, revs, walls, times, cmd):
               f"Ratios after / before: an iteration {tot['after'] / tot['before']:.2f} over all {n} (iteration 0 "
               f"pays the engine's start-up in both), {later['after'] / later['before']:.2f} over iterations 1-{n - 1}; "
               f"04 alone {a4s / b4s:.2f}, 05 alone {a5s / b5s:.2f}.", "",
+              "Where the seconds go (per iteration: work = 04's episodes + 05's update and scoring, the same "
+              "computation in both versions; the rest = process and engine start-ups, loading, saving, waiting):", "",
+              "| iteration | before work | before rest | after work | after rest |", "| --- | --- | --- | --- | --- |"]
+    rest = {}
+    for t in range(n):
+        row = []
+        for v in ("before", "after"):
+            work = episode_seconds(args.work_runs[v], t) + update_seconds(args.work_runs[v], t)
+            rest.setdefault(v, []).append(sum(it[v][t]) - work)
+            row += [f"{work:.1f}", f"{rest[v][-1]:.1f}"]
+        lines.append(f"| {t} | " + " | ".join(row) + " |")
+    lines += ["", f"The rest over iterations 1-{n - 1}: before {sum(rest['before'][1:]) / (n - 1):.1f} s an iteration, "
+              f"after {sum(rest['after'][1:]) / (n - 1):.1f} s. The work's seconds for the same computation differ "
+              "between the versions as much as the machine's speed drifts between their runs.", "",
               "Episodes, after against before (same outcome = success, finish reason and turns equal; same ids = "
               "every completion token id equal):", "",
               "| iteration | episodes | same outcome | same completion ids |", "| --- | --- | --- | --- |"]
@@ -125,9 +154,14 @@ def main(argv=None):
                                         capture_output=True, text=True).stdout.strip()}
         args.work_runs = {"before": work / "before", "after": work / "after"}
         walls, times = {}, {}
-        for version, code in (("after", ROOT), ("before", before_code)):  # after first: a failure shows early
+        order = [("after", ROOT), ("before", before_code)]
+        for version, code in [] if args.report_only else order if args.first == "after" else order[::-1]:
             walls[version], times[version] = run_pipeline(code, args.work_runs[version], args)
             print(f"[bench] {version}: {walls[version]:.0f} s", flush=True)
+            (work / "bench.json").write_text(json.dumps({"walls": walls, "revs": revs}))
+        if args.report_only:  # the runs made earlier: their wall times and revisions as that run recorded them
+            walls, revs = (json.loads((work / "bench.json").read_text())[k] for k in ("walls", "revs"))
+            times = {v: json.loads((r / "step_times.json").read_text()) for v, r in args.work_runs.items()}
         text = report(args, revs, walls, times, cmd)
     Path(args.out).write_text(text)
     print(text)

