@@ -19,15 +19,15 @@ Writes the markdown report (command, commits, machine, date) and prints it.
 """
 import argparse
 import datetime
-import io
 import json
 import platform
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from bench_eval_cost import extract  # REV's tree by git archive -> its short hash
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,15 +44,6 @@ def parse_args(argv=None):
                    "bench.json): write the report from them, run nothing")
     p.add_argument("--out", default=str(ROOT / "results" / "iteration_cost.md"), help="markdown report")
     return p.parse_args(argv)
-
-
-def extract(rev, dest):
-    """REV's tree into dest (git archive: no worktree, nothing in .git changes) -> its short hash."""
-    data = subprocess.run(["git", "archive", "--format=tar", rev], cwd=ROOT, check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="data")
-    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
-                          text=True).stdout.strip()
 
 
 def run_pipeline(code, run, args):
