@@ -223,6 +223,9 @@ class VLLMBackend:
         if not cuda:  # vLLM-CPU settings, read from the environment when the engine starts
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # default: 1 core kept for the engine
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; else gpu_memory_utilization x RAM
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # reload's repack: a function to the
+            # engine's own worker process (collective_rpc pickles it); nothing leaves this machine
+        self.cuda = cuda
         try:
             import vllm  # lazy: only --backend vllm needs it
         except ImportError:
@@ -251,9 +254,21 @@ class VLLMBackend:
     def reload(self, path):
         """Another checkpoint of the same model (KeptEngine) into the running engine, in place: vLLM's
         Worker.reload_weights (vLLM >= 0.32; the CPU worker is a GPU Worker) reads its safetensors, then the prefix
-        cache is emptied (its KV blocks were computed by the old weights). Tested against a fresh engine on the same
-        checkpoint (tests/test_vllm_cpu.py)."""
+        cache is emptied (its KV blocks were computed by the old weights). vLLM-CPU multiplies by packed copies of
+        the weights (dispatch_cpu_unquantized_gemm); the reload repacks the layers it loads, but not an LM head tied
+        to the embedding (never loaded by its own name: SmolLM2's), which kept the old weights (prompt log-probs off
+        by 0.06 a token against a fresh engine): repacked here. Tested against a fresh engine (tests/test_vllm_cpu.py,
+        bench/reload_vs_fresh.py)."""
+        def repack_kept_weights(worker):  # nested: pickled by value into the engine's worker process
+            from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+            for m in worker.model_runner.get_model().modules():  # the layers that kept a weight (head, embedding)
+                w = getattr(m, "weight", None)
+                if hasattr(m, "cpu_linear") and w is not None and w.ndim == 2 and w.numel():
+                    dispatch_cpu_unquantized_gemm(m, remove_weight=False)
+
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        if not self.cuda:
+            self.llm.collective_rpc(repack_kept_weights)
         self.llm.reset_prefix_cache()
 
     def generate(self, prompts, turn, keys=None):
