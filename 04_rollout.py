@@ -34,7 +34,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from environment import ToolError, Workspace, argument, check_results, clip, oracle_reply, safe, score
-from generation import BackendError, KeptEngine, encode, extend_prompt, scripted_reply
+from generation import BackendError, KeptEngine, encode, extend_prompt, load_for_generation, scripted_reply
 from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything, wait_for, write_atomic
 from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, SYNTAXES  # noqa: F401 (the T.syntax names PARSERS reads)
 from schemas import BLACKBOXES, EVAL_ONLY, check_oracle, harness_pool, load_assignment, load_harness_file, load_tasks
@@ -644,7 +644,7 @@ def run_stage(args, engine=None):  # engine: --until's KeptEngine, kept from cal
     policy = args.policy or str(iteration_policy(args.run, args.iteration or 0))  # eval mode gives --policy
     if policy == "oracle":
         check_oracle(jobs, tasks_path)
-    backend, tok, positions = (engine or KeptEngine()).get(policy, args)
+    backend, tok, positions = engine.get(policy, args) if engine else load_for_generation(policy, args)
     seed_everything(args.seed)
     start, gen_before = time.perf_counter(), backend.gen_seconds if backend else 0.0
     records = run_episodes(jobs, policy, backend, tok, args.max_turns, args.max_new_tokens, positions,
@@ -677,7 +677,8 @@ def kept_engine(args):
                                   "policy": args.policy if u == t or args.policy == "oracle" else None})
         if a.policy != "oracle":
             wait_for(Path(a.policy or iteration_policy(a.run, u)), f"iteration {u}'s policy (05's)")
-        with locked(output_path(a).with_name(output_path(a).name + ".lock")):
+        out = output_path(a)
+        with locked(out.with_name(out.name + ".lock")):
             run_stage(a, engine)
 
 

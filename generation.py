@@ -11,7 +11,7 @@ encode / extend_prompt). Both backends keep one contract, so 04 never knows whic
     backend.generate([prompt_ids, ...], turn, keys=[episode_id, ...])  # each episode's randomness its own (04)
     backend.generate([prompt_ids, ...], [turn, ...], keys=[episode_id, ...])  # a turn per prompt (the bridges)
     backend, tok, positions = load_for_generation(policy, args)  # 04's policy: a checkpoint, or the oracle's none
-    backend, tok, positions = KeptEngine().get(policy, args)  # the same, then .get(next_policy, args) reloads it
+    engine.get(policy, args); engine.get(next_policy, args)  # engine = KeptEngine(): one backend, reloaded (--until)
 
 completion_ids: the sampled tokens, cut after the first stop token (tok.stop_ids); logprobs: for each of
 them the log-probability under the distribution it was sampled from (logits / temperature, no other warper),

@@ -57,7 +57,8 @@ import time
 from pathlib import Path
 
 import ledger as ledger_mod
-from plumbing import fail, iteration_policy, jsonl_text, locked, read_json, read_jsonl, run_child, write_atomic
+from plumbing import (fail, iteration_policy, jsonl_text, locked, read_json, read_jsonl, run_child, stop_signals,
+                      write_atomic)
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -308,15 +309,8 @@ def run_shards(name, output, cmd, n):
     each writing <output stem>.shard-i-of-n.jsonl; then those files concatenated in the order i = 0..n-1 into
     `output`, the records one process writes with the same seed (04: contiguous blocks, per-episode randomness).
     As run_child does for one stage: SIGINT / SIGTERM are passed on to every shard, and all are waited for."""
-    procs, got = [], []
-
-    def forward(sig, frame):
-        got.append(sig)
-        for p in procs:
-            p.send_signal(sig)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    procs = []
+    with stop_signals(lambda sig: [p.send_signal(sig) for p in procs]) as got:
         for i in range(n):
             if got:  # stopped while starting them: start no more
                 break
@@ -325,9 +319,6 @@ def run_shards(name, output, cmd, n):
             procs.append(subprocess.Popen([PY, *shard_cmd], cwd=HERE, env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(i)),
                                           start_new_session=True))
         codes = [p.wait() for p in procs]  # a list: wait for every shard, not only up to the first failure
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if got:
         print(f"stopped by {signal.Signals(got[0]).name}: the shards ended (exit {codes}). {STOP_HINT}",
               file=sys.stderr)
@@ -357,15 +348,9 @@ class Kept04:
             self.proc = subprocess.Popen([PY, *cmd], cwd=HERE, start_new_session=True)
         else:
             print(f"[pipeline] {name}: the same 04 process (pid {self.proc.pid})", flush=True)
-        got = []  # SIGINT / SIGTERM while waiting: stop 04, then the pipeline (as run_child does for a stage)
-        previous = {sig: signal.signal(sig, lambda sig, frame: got.append(sig))
-                    for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with stop_signals() as got:  # SIGINT / SIGTERM while waiting: stop 04, then the pipeline (as run_child)
             while not Path(output).exists() and not got and self.proc.poll() is None:
                 time.sleep(0.2)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         if got:
             self.close()
             print(f"stopped by {signal.Signals(got[0]).name}: 04 ended. {STOP_HINT}", file=sys.stderr)

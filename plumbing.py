@@ -235,25 +235,34 @@ def locked(path):
 
 
 # ----------------------------------------------------------------------------- child stages
+@contextlib.contextmanager
+def stop_signals(on_signal=lambda sig: None):
+    """While the block runs, SIGINT / SIGTERM sent to this process do not stop it: each is appended to the list the
+    block gets and passed to on_signal(sig) (e.g. on to child processes); the handlers are restored after. Off the
+    main thread, where no handler can be set, the list stays empty."""
+    got = []
+
+    def handler(sig, frame):
+        got.append(sig)
+        on_signal(sig)
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
+    try:
+        yield got
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
 def run_child(cmd, cwd=None, env=None, on_stop=""):
     """Run a child stage and wait for it. SIGINT / SIGTERM sent to this process are passed on to the child (started
     in its own session, so a Ctrl-C reaches it once) and waited for, so stopping a parent stops the whole tree: no
     stage, and no vLLM engine under it, goes on as an orphan. Then this process exits 128 + signal. Returns the
     child's exit status otherwise. `on_stop` is printed when a signal stopped it."""
     proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, start_new_session=True)
-    got = []
-
-    def forward(sig, frame):
-        got.append(sig)
-        proc.send_signal(sig)
-
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)} if in_main else {}
-    try:
+    with stop_signals(lambda sig: proc.send_signal(sig)) as got:
         rc = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if got:
         print(f"stopped by {signal.Signals(got[0]).name}: the child ended (exit {rc}). {on_stop}".rstrip(),
               file=sys.stderr)
