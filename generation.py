@@ -223,8 +223,11 @@ class VLLMBackend:
         if not cuda:  # vLLM-CPU settings, read from the environment when the engine starts
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # default: 1 core kept for the engine
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; else gpu_memory_utilization x RAM
-            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # reload's repack: a function to the
-            # engine's own worker process (collective_rpc pickles it); nothing leaves this machine
+            # the engine in this process, not in two more (engine core, worker): on 2 cores it started in 3.5 s
+            # instead of 17.7 and decoded in 0.92x the time (docs/rl-cost.md); with it the "uni" executor below
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # where it is set to 1: reload's repack
+            # goes to the worker process as a pickled function (collective_rpc); nothing leaves this machine
         self.cuda = cuda
         try:
             import vllm  # lazy: only --backend vllm needs it
@@ -243,6 +246,8 @@ class VLLMBackend:
             options["gpu_memory_utilization"] = getattr(args, "gpu_memory_utilization", 0.9)
         else:  # a prompt prefilled in chunks crashes seeded requests on CPU ("CPU Generator does not use offset")
             options["enable_chunked_prefill"] = False
+            if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
+                options["distributed_executor_backend"] = "uni"
         if (getattr(args, "tensor_parallel_size", None) or 1) > 1:  # one model split over that many GPUs
             options["tensor_parallel_size"] = args.tensor_parallel_size
         # generation_config="vllm": ignore the checkpoint's sampling defaults; processed_logprobs: log-probs of
@@ -259,7 +264,7 @@ class VLLMBackend:
         to the embedding (never loaded by its own name: SmolLM2's), which kept the old weights (prompt log-probs off
         by 0.06 a token against a fresh engine): repacked here. Tested against a fresh engine (tests/test_vllm_cpu.py,
         bench/reload_vs_fresh.py)."""
-        def repack_kept_weights(worker):  # nested: pickled by value into the engine's worker process
+        def repack_kept_weights(worker):  # nested: called in place (or pickled by value to a worker process)
             from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
             for m in worker.model_runner.get_model().modules():  # the layers that kept a weight (head, embedding)
                 w = getattr(m, "weight", None)

@@ -62,7 +62,7 @@ def tok(tiny):
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):  # the backend sets vLLM-CPU variables with setdefault: start each test without them
-    for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE"):
+    for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -74,8 +74,10 @@ def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
     backend = G.VLLMBackend(tiny, tok, args)
     assert fake.llm_kwargs == {"model": str(tiny), "seed": 3, "dtype": "bfloat16", "generation_config": "vllm",
                                "logprobs_mode": "processed_logprobs", "enforce_eager": True,
-                               "enable_chunked_prefill": False}  # CPU: seeded requests crash on chunked prefill
+                               "enable_chunked_prefill": False,  # CPU: seeded requests crash on chunked prefill
+                               "distributed_executor_backend": "uni"}  # CPU: the engine in this process
     assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     results = backend.generate([[1, 2, 3], [4, 5], [4, 5]], turn=2)
     (prompts, params, use_tqdm), = fake.calls
     assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}, {"prompt_token_ids": [4, 5]}]
@@ -93,6 +95,16 @@ def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
 
     greedy = G.VLLMBackend(tiny, tok, argparse.Namespace(temperature=0.0, max_new_tokens=6, seed=3))
     assert greedy.generate([[1, 2]], 0) == [([10, 11, stop], None)] and fake.calls[-1][1][0].kwargs["logprobs"] is None
+
+
+def test_vllm_cpu_engine_in_process_unless_the_user_asks_for_processes(monkeypatch, tiny, tok):
+    """The user's VLLM_ENABLE_V1_MULTIPROCESSING=1 is kept, and then vLLM's own executor is left to choose."""
+    fake = Fake(lambda i, p: [1])
+    monkeypatch.setitem(sys.modules, "vllm", fake.module)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    G.VLLMBackend(tiny, tok, argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=0))
+    assert "distributed_executor_backend" not in fake.llm_kwargs
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 def test_vllm_backend_through_the_command_line(monkeypatch, tmp_path, tiny, tok):
@@ -139,4 +151,4 @@ def test_vllm_options_on_a_gpu_without_bf16(monkeypatch, tiny, tok):
     assert fake.llm_kwargs == {"model": str(tiny), "seed": 0, "dtype": "float16", "generation_config": "vllm",
                                "logprobs_mode": "processed_logprobs", "enforce_eager": False, "max_model_len": 2048,
                                "gpu_memory_utilization": 0.5}
-    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
