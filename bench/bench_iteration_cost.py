@@ -81,13 +81,19 @@ def update_seconds(run, t):
     return c["update_s"] + c["prep_s"]
 
 
+def cpu_name():
+    """The CPU's model name (/proc/cpuinfo), else what platform knows"""
+    info = Path("/proc/cpuinfo")
+    return next((ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")),
+                platform.processor()) if info.exists() else platform.processor() or "?"
+
+
 def report(args, revs, walls, times, cmd):
     n = args.iterations
     it = {v: [(times[v][f"04-it{t}"], times[v][f"05-it{t}"]) for t in range(n)] for v in times}
     tot = {v: sum(a + b for a, b in it[v]) for v in it}
     later = {v: sum(a + b for a, b in it[v][1:]) for v in it}
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
+    cpu = cpu_name()
     lines = [
         "# The cost of an RL iteration (04 + 05 on the small preset): before / after", "",
         f"Command: `{cmd}`. Before = pipeline and stages at {revs['before']} (a 04 process, hence a vLLM engine, "
