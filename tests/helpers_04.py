@@ -97,11 +97,13 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit=None, hidden=32, heads=2):
+def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit=None, hidden=32, heads=2, tied=False):
     """A byte-level BPE with ChatML specials and a 2-layer random Llama, saved like a hub checkpoint
     (hidden=128, heads=2 gives head size 64, which vLLM's CPU attention supports).
     stop_logit: give <|im_end|> about this logit at every position (others near 0), so random replies
-    sometimes stop early: residual dimension 0 is a constant that no layer writes to, read only by <|im_end|>."""
+    sometimes stop early: residual dimension 0 is a constant that no layer writes to, read only by <|im_end|>.
+    tied: the LM head is the embedding (SmolLM2's layout; not with stop_logit, which sets them apart)."""
+    assert not (tied and stop_logit is not None), "stop_logit needs an LM head of its own"
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -118,7 +120,8 @@ def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                          num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+                         tie_word_embeddings=tied)
     model = LlamaForCausalLM(config)
     if stop_logit is not None:
         with torch.no_grad():

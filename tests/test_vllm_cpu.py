@@ -162,3 +162,26 @@ def test_kept_engine_reloads_weights_as_a_fresh_engine_loads_them(tmp_path, tiny
     print(f"vLLM-CPU fp32, reloaded engine vs fresh engine: max |dlogp| {diff:.2e}")
     assert diff < 1e-4
     assert json.loads((kept / "iter_001" / "04_rollout_config.json").read_text())["engine_reloads"] == 1
+
+
+def test_a_reload_refreshes_an_lm_head_tied_to_the_embedding_in_bf16(tmp_path):
+    """vLLM-CPU multiplies by packed copies of its bf16 weights; vLLM's reload_weights repacks what it loads by name,
+    which a head tied to the embedding (SmolLM2's) is not: VLLMBackend.reload repacks it. bench/reload_vs_fresh.py
+    on two tiny tied models: the backend's reload must score prompts and decode as a fresh engine on the new weights
+    (without the repack, here: 0 / 8 greedy continuations equal, 0.24 mean |d log p|)."""
+    import random
+    import re
+    run = tmp_path / "run"
+    for folder, seed in ((run / "init_policy", 0), (run / "iter_000" / "policy", 1)):
+        H.build_tiny_model(folder, max_positions=4096, hidden=128, heads=2, seed=seed, tied=True)
+    rng = random.Random(0)
+    H.write_jsonl(run / "iter_000" / "rollouts.jsonl", [
+        {"model_turns": [{"prompt_ids": [rng.randrange(3, 600) for _ in range(rng.randrange(40, 120))]}]}
+        for _ in range(8)])
+    out = run_stage("bench/reload_vs_fresh.py", "--run", run, "--prompts", 8, timeout=600).stdout
+    rows = {m[0]: (int(m[1]), float(m[2]), float(m[3])) for m in
+            re.findall(r"^\| ([^|]+?) \| (\d+) / 8 \| ([\d.]+) \| ([\d.]+) \|$", out, re.M)}
+    print(out)
+    repacked = rows["VLLMBackend.reload (+ repack) vs fresh"]
+    yardstick = rows["another fresh engine vs fresh (the yardstick)"]
+    assert repacked[0] == 8 and repacked[1] <= yardstick[1] + 1e-3 and repacked[2] <= yardstick[2] + 0.05
