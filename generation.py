@@ -223,8 +223,8 @@ class VLLMBackend:
         if not cuda:  # vLLM-CPU settings, read from the environment when the engine starts
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # default: 1 core kept for the engine
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; else gpu_memory_utilization x RAM
-            # the engine in this process, not in two more (engine core, worker): on 2 cores it started in 3.5 s
-            # instead of 17.7 and decoded in 0.92x the time (docs/rl-cost.md); with it the "uni" executor below
+            # the engine in this process, not in two more (engine core, worker): on 2 cores it started in 0.42x
+            # the time and decoded in 0.85x (results/vllm_process.md); with it the "uni" executor below
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # where it is set to 1: reload's repack
             # goes to the worker process as a pickled function (collective_rpc); nothing leaves this machine
@@ -239,17 +239,17 @@ class VLLMBackend:
         dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported(),
                            cpu="bfloat16")
         self.sampler = {"backend": "vllm", "dtype": dtype}  # another engine than 05's: 05 applies truncated IS
-        eager = getattr(args, "enforce_eager", None)
+        eager, tp = getattr(args, "enforce_eager", None), getattr(args, "tensor_parallel_size", None) or 1
         options = dict(max_model_len=getattr(args, "max_model_len", None),
                        enforce_eager=(not cuda) if eager is None else eager)  # CPU: start in 20 s, not 2 min
         if cuda:
             options["gpu_memory_utilization"] = getattr(args, "gpu_memory_utilization", 0.9)
         else:  # a prompt prefilled in chunks crashes seeded requests on CPU ("CPU Generator does not use offset")
             options["enable_chunked_prefill"] = False
-            if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":
+            if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and tp == 1:
                 options["distributed_executor_backend"] = "uni"
-        if (getattr(args, "tensor_parallel_size", None) or 1) > 1:  # one model split over that many GPUs
-            options["tensor_parallel_size"] = args.tensor_parallel_size
+        if tp > 1:  # one model split over that many GPUs
+            options["tensor_parallel_size"] = tp
         # generation_config="vllm": ignore the checkpoint's sampling defaults; processed_logprobs: log-probs of
         # the distribution sampled from (after temperature); 05 trains fp32, vLLM samples in `dtype`
         self.llm = vllm.LLM(model=str(path), seed=args.seed, dtype=dtype, generation_config="vllm",
