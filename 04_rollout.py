@@ -668,8 +668,8 @@ def run_stage(args, engine=None):  # engine: --until's KeptEngine, kept from cal
 
 
 def kept_engine(args):
-    """--until T: iterations u = t .. T-1, one engine for all (its start-up, ~45 s of a ~100 s call on a CPU, paid
-    once): u waits for its policy (05 renames RUN/iter_{u-1:03d}/policy into place last), loads it into the engine
+    """--until T: iterations u = t .. T-1, one engine for all (its start-up paid once: docs/rl-cost.md): u waits
+    for its policy (05 renames RUN/iter_{u-1:03d}/policy into place last), loads it into the engine
     (generation.KeptEngine) and runs as `--iteration u --seed S+u-t` would (--policy: only u = t's)."""
     engine, t = KeptEngine(), args.iteration
     for u in range(t, args.until):

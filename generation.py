@@ -225,9 +225,9 @@ class VLLMBackend:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; else gpu_memory_utilization x RAM
             # the engine in this process, not in two more (engine core, worker): on 2 cores it started in 0.42x
             # the time and decoded in 0.85x (results/vllm_process.md); with it the "uni" executor below
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # where it is set to 1: reload's repack
-            # goes to the worker process as a pickled function (collective_rpc); nothing leaves this machine
+            if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":  # the user's processes: reload's
+                # repack goes to the worker process as a pickled function (collective_rpc); nothing leaves this machine
+                os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         self.cuda = cuda
         try:
             import vllm  # lazy: only --backend vllm needs it
@@ -313,8 +313,8 @@ def load_for_generation(policy, args):
 
 class KeptEngine:
     """One backend for a sequence of checkpoints of one model (04 --until: an RL run's iterations): the first
-    get() loads it as load_for_generation does (vLLM: the engine starts, ~30-45 s on a CPU); each later get() loads
-    the new checkpoint's weights into it (backend.reload: ~0.4 s for SmolLM2) and gives it that call's args (the
+    get() loads it as load_for_generation does (vLLM: the engine starts); each later get() loads
+    the new checkpoint's weights into it (backend.reload: 0.2-0.3 s for SmolLM2) and gives it that call's args (the
     iteration's seed). The tokenizer and positions stay those of the first checkpoint: 05 saves the same ones."""
 
     def __init__(self):

@@ -26,7 +26,8 @@ from bench_iteration_cost import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = "[bench-trial] "  # vLLM's own log lines share the trial's output
-SETTINGS = {"in-process": {}, "three processes": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+SETTINGS = {"in-process": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},  # set, so a 1 in this shell does not leak in
+            "three processes": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
 
 
 def parse_args(argv=None):

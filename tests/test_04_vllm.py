@@ -62,7 +62,8 @@ def tok(tiny):
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):  # the backend sets vLLM-CPU variables with setdefault: start each test without them
-    for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+    for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING",
+                 "VLLM_ALLOW_INSECURE_SERIALIZATION"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -78,6 +79,7 @@ def test_vllm_calls_and_output_conversion(monkeypatch, tiny, tok):
                                "distributed_executor_backend": "uni"}  # CPU: the engine in this process
     assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in os.environ  # in one process nothing is pickled
     results = backend.generate([[1, 2, 3], [4, 5], [4, 5]], turn=2)
     (prompts, params, use_tqdm), = fake.calls
     assert prompts == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}, {"prompt_token_ids": [4, 5]}]
@@ -105,6 +107,7 @@ def test_vllm_cpu_engine_in_process_unless_the_user_asks_for_processes(monkeypat
     G.VLLMBackend(tiny, tok, argparse.Namespace(temperature=1.0, max_new_tokens=4, seed=0))
     assert "distributed_executor_backend" not in fake.llm_kwargs
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"  # reload's repack goes to the worker pickled
 
 
 def test_vllm_backend_through_the_command_line(monkeypatch, tmp_path, tiny, tok):

@@ -26,11 +26,11 @@ def test_trials_alternate_settings_and_the_report_has_the_medians(monkeypatch, t
         out = "INFO vLLM says something\n" + B.MARK + json.dumps({"start": start, "rounds": rounds, "tokens": 100})
         return types.SimpleNamespace(returncode=0, stdout=out + "\nINFO shutdown\n", stderr="")
 
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # the shell's setting must not reach a trial
     monkeypatch.setattr(B.subprocess, "run", fake_run)
     out = tmp_path / "r.md"
     B.main(B.parse_args(["--run", "RUN", "--repeat", "2", "--out", str(out)]))
-    assert calls == [None, "1", None, "1"]  # in-process: the backend's own default; then vLLM's processes
+    assert calls == ["0", "1", "0", "1"]  # in-process, then vLLM's processes, whatever this shell had set
     text = out.read_text()
     assert "| 1 | in-process | 3.0 | 22.0 | 100 |" in text and "| 4 | three processes | 19.0 | 29.0 | 100 |" in text
     # medians of two: in-process start (3 + 4) / 2, rounds (22 + 26) / 2; three processes (17 + 19) / 2, (26 + 29) / 2

