@@ -127,9 +127,16 @@ def report(args, revs, walls, times, cmd):
             rest.setdefault(v, []).append(sum(it[v][t]) - work)
             row += [f"{work:.1f}", f"{rest[v][-1]:.1f}"]
         lines.append(f"| {t} | " + " | ".join(row) + " |")
+    # W: the work of iterations >= 1 averaged over both versions; the ratio if both did exactly that work
+    w = sum(sum(it[v][t]) - rest[v][t] for v in ("before", "after") for t in range(1, n)) / (2 * (n - 1))
+    r_b, r_a = (sum(rest[v][1:]) / (n - 1) for v in ("before", "after"))
+    equal = {"w": w, "ratio": (w + r_a) / (w + r_b)}
     lines += ["", f"The rest over iterations 1-{n - 1}: before {sum(rest['before'][1:]) / (n - 1):.1f} s an iteration, "
               f"after {sum(rest['after'][1:]) / (n - 1):.1f} s. The work's seconds for the same computation differ "
-              "between the versions as much as the machine's speed drifts between their runs.", "",
+              "between the versions as much as the machine's speed drifts between their runs (and 05's update with "
+              "the sequences that have signal, which part once the episodes do). At equal work W (both versions' "
+              f"mean over iterations 1-{n - 1}, {equal['w']:.1f} s) an iteration is (W + after's rest) / (W + "
+              f"before's rest) = {equal['ratio']:.2f}.", "",
               "Episodes, after against before (same outcome = success, finish reason and turns equal; same ids = "
               "every completion token id equal):", "",
               "| iteration | episodes | same outcome | same completion ids |", "| --- | --- | --- | --- |"]

@@ -46,5 +46,9 @@ def test_report_sums_ratios_work_and_agreement(tmp_path):
     rest = {v: [sum(STEPS[v][f"0{s}-it{t}"] for s in (4, 5)) - sum(WORK[v][t]) for t in (0, 1)] for v in STEPS}
     assert f"| 1 | {sum(WORK['before'][1]):.1f} | {rest['before'][1]:.1f} | {sum(WORK['after'][1]):.1f} | " \
            f"{rest['after'][1]:.1f} |" in text
+    # at equal work: W = mean of both versions' iteration-1 work = (95 + 83) / 2 = 89; rests 45 (before), 7 (after)
+    w = (sum(WORK["before"][1]) + sum(WORK["after"][1])) / 2
+    assert f"{w:.1f} s) an iteration is (W + after's rest) / (W + before's rest) = " \
+           f"{(w + rest['after'][1]) / (w + rest['before'][1]):.2f}." in text
     # episodes: iteration 0 all outcomes equal, one episode's tokens differ; iteration 1 one outcome differs too
     assert "| 0 | 3 | 3 | 2 |" in text and "| 1 | 3 | 2 | 2 |" in text
