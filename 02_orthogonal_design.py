@@ -25,12 +25,23 @@ This stage writes every harness set of the project, so the baselines' sets come 
     black-box baselines); everything in the space but it is held out;
   - `--method one-factor`: the base and its one-factor-at-a-time variants (Hamming distance <= 1,
     11 configurations): the warm start's harnesses;
-  - `--eval-set N --out FILE`: an experiment's shared In-Space evaluation set, a level-shifted copy
-    of the run's OA (itself strength 2), disjoint from every --exclude file's harnesses.
+  - `--eval-set N --out FILE`: an experiment's shared In-Space evaluation set (below).
+
+The In-Space evaluation set. Every configuration of 3^5 lies within Hamming distance 2 of the L18
+(its covering radius is 2): of the 225 held-out configurations, 180 differ from their nearest
+training harness in one component, 45 in two. A set drawn uniformly from them would be mostly
+one-component neighbours of a trained harness, and a claim about held-out configurations would
+rest on those. So the set is a seeded draw (--seed) stratified by distance to RUN's OA: N/2
+configurations at distance 1 and N/2 at distance 2 (2 or more, for other designs), drawn from
+what is left after leaving out the OA, the base, the warm start's set (the base and its one-factor
+variants) and every --exclude file's harnesses (every method's training set). Each row carries its
+distance_to_oa; a config beside FILE (eval_harnesses_config.json for eval_harnesses.jsonl)
+records the seed and how many candidates each stratum had after each exclusion. It is written once per experiment, before any
+outcome exists: a later call that would change it is refused.
 
 Reads  RUN/components.json, RUN/harness_space.jsonl                    (stage 01)
 Writes RUN/train_harnesses.jsonl, RUN/heldout_harnesses.jsonl, RUN/02_orthogonal_design_config.json
-       --eval-set: only FILE (it reads RUN/train_harnesses.jsonl, the OA it shifts)
+       --eval-set: only FILE and its config beside it (it reads RUN/train_harnesses.jsonl, the OA)
 
 Commands:
     python 02_orthogonal_design.py --run runs/default                       # L18, 18 configs
@@ -39,8 +50,8 @@ Commands:
     python 02_orthogonal_design.py --run runs/single --method single        # H_tr = {S0-T0-O0-C0-W0}
     python 02_orthogonal_design.py --run runs/bb --method single --harness X-shell   # black-box baselines
     python 02_orthogonal_design.py --run runs/exp/warm-start --method one-factor
-    python 02_orthogonal_design.py --run runs/exp/harness-scaling --eval-set 6 \
-        --exclude runs/exp/single/train_harnesses.jsonl,runs/exp/warm-start/train_harnesses.jsonl \
+    python 02_orthogonal_design.py --run runs/exp/harness-scaling --eval-set 12 \
+        --exclude runs/exp/single/train_harnesses.jsonl,runs/exp/spare/random18-seed0/train_harnesses.jsonl \
         --out runs/exp/eval_harnesses.jsonl
 A design file has one row per training configuration, one 0-based level per component in
 the order S,T,O,C,W: a JSON list of rows, or a CSV / whitespace table (an optional header line
@@ -98,8 +109,8 @@ def parse_args(argv=None):
                    help="oa: the orthogonal array (the paper's); random: the same number of "
                         "configurations drawn uniformly (the Random-18 ablation); single: the one harness "
                         "--harness; one-factor: the base and its one-factor-at-a-time variants (the warm start's)")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random draw (method random, and the "
-                   "random baseline printed beside the OA)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random draw (method random, the random "
+                   "baseline printed beside the OA, and --eval-set's draw)")
     g.add_argument("--design", default=None,
                    help="use this array instead of constructing one (JSON list of rows or a CSV / "
                         "whitespace table; 0-based levels in component order); verified before use")
@@ -112,8 +123,9 @@ def parse_args(argv=None):
                    help="method single: the out-of-space harnesses (a JSON list of harness records)")
     g = p.add_argument_group("an experiment's shared In-Space evaluation set (written to --out only)")
     g.add_argument("--eval-set", type=int, default=None, metavar="N",
-                   help="write only an experiment's shared In-Space evaluation set of N harnesses to --out: a "
-                        "level-shifted copy of RUN's training set (the OA), disjoint from it and from --exclude")
+                   help="write only an experiment's shared In-Space evaluation set of N harnesses to --out: N/2 at "
+                        "Hamming distance 1 from RUN's training set (the OA) and N/2 at distance 2, drawn with --seed "
+                        "outside the OA, the base, the warm start's set and --exclude (N even, >= 2)")
     g.add_argument("--exclude", default="", metavar="FILE[,FILE...]",
                    help="eval-set: harness files (JSONL, harness_id) whose harnesses the set leaves out: every "
                         "method's training set and the warm start's")
@@ -236,8 +248,11 @@ def check_flags(args):
         fail(f"--design: only with --method oa or random, not {args.method}")
     if args.eval_set is None and (args.exclude or args.out):
         fail("--exclude and --out go with --eval-set N")
-    if args.eval_set is not None and (args.eval_set < 1 or not args.out):
-        fail(f"--eval-set {args.eval_set}: needs N >= 1 and --out FILE")
+    if args.eval_set is not None and (args.eval_set < 2 or args.eval_set % 2):
+        fail(f"--eval-set {args.eval_set}: N must be even and >= 2 (half of the set at distance 1 from the OA, "
+             "half at distance 2)")
+    if args.eval_set is not None and not args.out:
+        fail(f"--eval-set {args.eval_set}: needs --out FILE")
     if args.eval_set is not None and (args.method != "oa" or args.design or args.harness):
         fail("--eval-set writes only the evaluation set: no --method, --design or --harness with it")
 
@@ -407,26 +422,40 @@ def one_factor_ids(space):
     return [h["harness_id"] for h in space if sum(v != 0 for v in h["levels"].values()) <= 1]
 
 
-def shared_eval_set(space, oa_ids, exclude, n):
-    """The experiment's In-Space evaluation set: a level-shifted copy of the OA (adding a constant to a column
-    mod s only renames its levels, so the copy is itself strength 2), the shift that leaves the most rows
-    outside `exclude`; then, if n is smaller, the n rows whose levels are most balanced (first in order)."""
+def distance_to_oa(space, oa_ids):
+    """{harness id: Hamming distance to the nearest configuration of the OA} for every configuration of the space."""
     comps = list(space[0]["levels"])
-    sizes = [1 + max(h["levels"][c] for h in space) for c in comps]
-    by_key = {tuple(h["levels"][c] for c in comps): h for h in space}
-    oa = [tuple(h["levels"][c] for c in comps) for h in space if h["harness_id"] in oa_ids]
-    best = []
-    for shift in itertools.product(*map(range, sizes)):
-        rows = [by_key[tuple((x + d) % s for x, d, s in zip(r, shift, sizes))] for r in oa]
-        rows = [h for h in rows if h["harness_id"] not in exclude]
-        best = rows if len(rows) > len(best) else best
+    oa = [h["levels"] for h in space if h["harness_id"] in oa_ids]
+    distance = {}
+    for h in space:
+        # the number of components on which h differs from a row, minimised over the OA's rows
+        distance[h["harness_id"]] = min(sum(h["levels"][c] != row[c] for c in comps) for row in oa)
+    return distance
 
-    def imbalance(rows):  # sum over components of (most - least frequent level count)
-        return sum(max(cnt) - min(cnt) for c, s in zip(comps, sizes)
-                   for cnt in [[sum(h["levels"][c] == v for h in rows) for v in range(s)]])
-    if n < len(best):
-        best = list(min(itertools.combinations(best, n), key=imbalance))
-    return sorted(best, key=lambda h: h["harness_id"])
+
+def eval_strata(space, oa_ids, left_out):
+    """The candidates of an evaluation set: the configurations outside the OA and `left_out`, by Hamming distance to
+    the OA -> {1: [...], 2: [...]}, records (sorted by id) with their distance_to_oa. Stratum 2 also holds any
+    configuration farther away (none for the L18 over 3^5, whose every configuration lies within 2 of it)."""
+    distance = distance_to_oa(space, oa_ids)
+    strata = {1: [], 2: []}
+    for h in sorted(space, key=lambda h: h["harness_id"]):
+        d = distance[h["harness_id"]]
+        if d >= 1 and h["harness_id"] not in left_out:
+            strata[min(d, 2)].append(dict(h, distance_to_oa=d))
+    return strata
+
+
+def shared_eval_set(space, oa_ids, exclude, n, seed):
+    """The experiment's In-Space evaluation set: n/2 configurations at distance 1 from the OA and n/2 at distance 2,
+    a seeded draw outside the OA, the base, the warm start's set (the base and its one-factor variants) and
+    `exclude`. Equal counts, so that the few configurations two components away from every training harness weigh
+    as much in the held-out score as the many one component away. Sorted by distance, then id."""
+    left_out = set(exclude) | {BASE} | set(one_factor_ids(space))
+    strata = eval_strata(space, oa_ids, left_out)
+    rng = random.Random(seed)
+    drawn = rng.sample(strata[1], n // 2) + rng.sample(strata[2], n // 2)
+    return sorted(drawn, key=lambda h: (h["distance_to_oa"], h["harness_id"]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -536,31 +565,55 @@ def single_harness(args, run, space):
 
 
 def write_eval_set(args, run, space):
-    """--eval-set N: the experiment's shared In-Space set, from RUN's OA (its train_harnesses.jsonl), disjoint
-    from it and from every --exclude file; written once: a second call that would change it is refused."""
+    """--eval-set N: the experiment's shared In-Space set, stratified by distance to RUN's OA (its
+    train_harnesses.jsonl), disjoint from it, from the base, the warm start's set and every --exclude file; written
+    once: a second call that would change it is refused. Prints how many candidates each stratum has after each
+    exclusion, and writes that with the seed into FILE_config.json."""
     in_space = {h["harness_id"] for h in space}
     oa_path = run / "train_harnesses.jsonl"
     oa_ids = set()
     for n, hid in read_ids(oa_path):
         if hid not in in_space:
             fail(f"{oa_path}:{n}: field 'harness_id': {hid} is not a configuration of the space (the "
-                 "evaluation set shifts an in-space training set, the OA)")
+                 "evaluation set is stratified by distance to an in-space training set, the OA)")
         oa_ids.add(hid)
-    exclude = set(oa_ids)
-    for path in filter(None, args.exclude.split(",")):
-        exclude |= {hid for _, hid in read_ids(path)}
-    out = Path(args.out)
-    old = [hid for _, hid in read_ids(out)] if out.is_file() else None
-    rows = shared_eval_set(space, oa_ids, exclude, args.eval_set)
-    if old is not None and old != [h["harness_id"] for h in rows]:
-        fail(f"{out}: the evaluation set would change (the training sets changed?); delete it or choose another "
-             "--out")
-    if old is None:
-        write_atomic(out, jsonl_text(rows))
-    print(f"evaluation set: {len(rows)} in-space harnesses, a level-shifted copy of {oa_path} outside "
-          f"{len(exclude)} excluded ones: {' '.join(h['harness_id'] for h in rows)}; "
-          + (f"wrote {out}" if old is None else f"{out} unchanged"))
 
+    # What the set leaves out, one step at a time: the stratum sizes after each step are printed and recorded
+    steps = [("outside the OA", set()),
+             ("less the base and the warm start's set", {BASE} | set(one_factor_ids(space)))]
+    for path in filter(None, args.exclude.split(",")):
+        steps.append((f"less {path}", {hid for _, hid in read_ids(path)}))
+    left_out, sizes = set(), []
+    print(f"candidates by Hamming distance to the OA of {oa_path} (distance 1 / 2):")
+    for label, ids in steps:
+        left_out |= ids
+        strata = eval_strata(space, oa_ids, left_out)
+        sizes.append({"step": label, "distance_1": len(strata[1]), "distance_2": len(strata[2])})
+        print(f"  {len(strata[1]):4d} / {len(strata[2]):3d}  {label}")
+    n_max = 2 * min(len(strata[1]), len(strata[2]))
+    if args.eval_set > n_max:
+        fail(f"--eval-set {args.eval_set}: at most {n_max} here (twice the smaller stratum: {len(strata[1])} "
+             f"candidates at distance 1, {len(strata[2])} at distance 2)")
+
+    rows = shared_eval_set(space, oa_ids, left_out, args.eval_set, args.seed)
+    ids = [h["harness_id"] for h in rows]
+    out = Path(args.out)
+    config_path = out.with_name(out.stem + "_config.json")
+    old = [hid for _, hid in read_ids(out)] if out.is_file() else None
+    if old is not None and sorted(old) != sorted(ids):
+        fail(f"{out}: the evaluation set would change (the training sets or --seed changed?); delete it or choose "
+             "another --out")
+    if old is None:
+        config = {"stage": "02_orthogonal_design --eval-set", "args": vars(args), "oa": str(oa_path),
+                  "n": args.eval_set, "seed": args.seed, "strata": sizes,
+                  "distance_to_oa": {h["harness_id"]: h["distance_to_oa"] for h in rows}}
+        write_atomic(config_path, json.dumps(config, indent=1) + "\n")
+        write_atomic(out, jsonl_text(rows))  # the set last: it marks the step done
+    print(f"evaluation set: {len(rows)} in-space harnesses (seed {args.seed}), half at distance 1 from the OA, half "
+          f"at distance 2; {len(left_out | oa_ids)} configurations left out:")
+    for h in rows:
+        print(f"  {h['harness_id']}  distance {h['distance_to_oa']}")
+    print(f"wrote {out} and {config_path}" if old is None else f"{out} unchanged")
 
 if __name__ == "__main__":
     main()

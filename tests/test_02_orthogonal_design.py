@@ -279,29 +279,63 @@ def test_cli_unconstructible_pattern(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the other harness sets
-def test_shared_eval_set_is_a_shifted_oa_disjoint_and_balanced(mod, tmp_path):
-    """The experiment's In-Space set: from a level-shifted copy of the OA (itself strength 2, checked here by
-    counting level pairs), disjoint from every excluded configuration, level-balanced when cut to 6 rows."""
-    from collections import Counter
-    run = tmp_path / "run"
-    run_stage("01_harness_space.py", "--run", run)
-    run_stage("02_orthogonal_design.py", "--run", run)
-    space = read_jsonl(run / "harness_space.jsonl")
-    oa = {h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl")}
-    exclude = oa | set(mod.one_factor_ids(space))
-    assert len(mod.one_factor_ids(space)) == 11
-    full = mod.shared_eval_set(space, oa, exclude, 18)
-    assert len(full) == 18 and not {h["harness_id"] for h in full} & exclude
-    for a, b in itertools.combinations("STOCW", 2):  # strength 2: each of the 9 level pairs exactly twice
-        pairs = Counter((h["levels"][a], h["levels"][b]) for h in full)
-        assert sorted(pairs.values()) == [2] * 9, (a, b, pairs)
-    six = mod.shared_eval_set(space, oa, exclude, 6)
-    assert {h["harness_id"] for h in six} <= {h["harness_id"] for h in full}
-    for c in "STOCW":  # balanced: every level of every component twice
-        assert sorted(Counter(h["levels"][c] for h in six).values()) == [2, 2, 2], c
-    # a further exclusion removes rows, never lets one in
-    more = exclude | {full[0]["harness_id"], full[5]["harness_id"]}
-    assert not {h["harness_id"] for h in mod.shared_eval_set(space, oa, more, 18)} & more
+def hamming_to_set(space, ids):
+    """Independent of 02: {harness id: Hamming distance to the nearest configuration of `ids`}, with numpy."""
+    every = np.array([list(h["levels"].values()) for h in space])
+    chosen = np.array([list(h["levels"].values()) for h in space if h["harness_id"] in ids])
+    d = (every[:, None, :] != chosen[None, :, :]).sum(axis=2).min(axis=1)
+    return {h["harness_id"]: int(x) for h, x in zip(space, d)}
+
+
+@pytest.fixture(scope="module")
+def experiment_sets(run01, tmp_path_factory):
+    """The harness sets an experiment's evaluation set leaves out, made by 02's command line as the pipeline makes
+    them: the OA, the warm start's (one-factor) and random18's draws at seeds 0-2."""
+    root = tmp_path_factory.mktemp("sets")
+    made = {}
+    for name, args in (("oa", []), ("warm-start", ["--method", "one-factor"]),
+                       *((f"random18-seed{s}", ["--method", "random", "--seed", s]) for s in range(3))):
+        run = copy_run(run01, root / name)
+        run_stage("02_orthogonal_design.py", "--run", run, *args)
+        made[name] = {h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl")}
+    return made
+
+
+def test_eval_set_is_a_seeded_draw_stratified_by_distance_to_the_oa(mod, run01, experiment_sets):
+    """The experiment's In-Space set: as many configurations at Hamming distance 1 from the OA as at distance 2
+    (distances counted here with numpy), none of the OA, the base, the warm start's set or an excluded set; the same
+    set for the same seed, another for another seed. The stratum sizes the issue quotes: 225 held out = 180 at
+    distance 1 + 45 at distance 2 (every configuration lies within 2 of the L18), 145 / 39 once the warm start's set
+    and random18's draws at seeds 0 and 1 are left out, 133 / 38 with seed 2's too."""
+    space = read_jsonl(run01 / "harness_space.jsonl")
+    oa = experiment_sets["oa"]
+    warm = experiment_sets["warm-start"]
+    randoms = set().union(*(experiment_sets[f"random18-seed{s}"] for s in range(3)))
+    distance = hamming_to_set(space, oa)
+    assert max(distance.values()) == 2 and "S0-T0-O0-C0-W0" in oa and len(warm) == 11
+
+    def sizes(left_out):  # candidates at distance 1 and 2 outside the OA and left_out, counted here
+        rest = [d for h, d in distance.items() if h not in oa | left_out]
+        return rest.count(1), rest.count(2)
+    assert sizes(set()) == (180, 45) and sizes(warm) == (170, 45)
+    two_seeds = warm | experiment_sets["random18-seed0"] | experiment_sets["random18-seed1"]
+    assert sizes(two_seeds) == (145, 39) and sizes(warm | randoms) == (133, 38)
+    strata = mod.eval_strata(space, oa, warm | randoms)
+    assert (len(strata[1]), len(strata[2])) == (133, 38)
+
+    # the draw: stratified, disjoint from everything left out, each row with its distance
+    drawn = mod.shared_eval_set(space, oa, randoms, 12, seed=0)  # 02 leaves out the warm start's set itself
+    ids = [h["harness_id"] for h in drawn]
+    assert len(set(ids)) == 12 and [distance[h] for h in ids].count(1) == 6 and [distance[h] for h in ids].count(2) == 6
+    assert all(h["distance_to_oa"] == distance[h["harness_id"]] for h in drawn)
+    assert not set(ids) & (oa | warm | randoms)
+    # reproducible per seed, another draw for another seed
+    assert mod.shared_eval_set(space, oa, randoms, 12, seed=0) == drawn
+    assert {h["harness_id"] for h in mod.shared_eval_set(space, oa, randoms, 12, seed=1)} != set(ids)
+    # the largest set: twice the smaller stratum, which it then holds whole
+    largest = mod.shared_eval_set(space, oa, randoms, 76, seed=0)
+    assert {h["harness_id"] for h in largest if distance[h["harness_id"]] == 2} == \
+        {h for h, d in distance.items() if d == 2} - oa - warm - randoms
 
 
 def copy_run(run01, path):
@@ -337,32 +371,56 @@ def test_cli_single_harness_and_the_warm_starts_set(run01, tmp_path):
 
 
 def test_cli_eval_set_is_written_once_and_refused_if_it_would_change(mod, run01, tmp_path):
-    """--eval-set N: the shifted OA of the run's training set, less every --exclude file's harnesses, into --out;
-    the same call again leaves it as it is, a call that would change it is refused (exit 2, file untouched)."""
+    """--eval-set N: the stratified draw outside the run's OA, the warm start's set and every --exclude file, into
+    --out, with its config beside it (the seed, the stratum sizes after each exclusion, each row's distance); the
+    same call again leaves it as it is, a call that would change it (another exclusion, another seed) is refused
+    (exit 2, file untouched); an odd, too small or too large N is refused in one line naming --eval-set, with nothing
+    written."""
     oa_run, ws = copy_run(run01, tmp_path / "oa"), copy_run(run01, tmp_path / "ws")
     run_stage("02_orthogonal_design.py", "--run", oa_run)
-    run_stage("02_orthogonal_design.py", "--run", ws, "--method", "one-factor")
+    run_stage("02_orthogonal_design.py", "--run", ws, "--method", "random", "--seed", 5)
     out = tmp_path / "exp" / "eval_harnesses.jsonl"
     out.parent.mkdir()
     args = ["--run", oa_run, "--eval-set", 6, "--exclude", ws / "train_harnesses.jsonl", "--out", out]
+
+    # bad N first: one line naming the flag, exit 2, nothing written
+    for n, message in ((3, "--eval-set 3: N must be even and >= 2"), (0, "--eval-set 0: N must be even and >= 2"),
+                       (92, "--eval-set 92: at most ")):
+        proc = run_stage("02_orthogonal_design.py", *args[:2], "--eval-set", n, *args[4:], check=False)
+        assert proc.returncode == 2 and proc.stderr.startswith(f"error: {message}"), proc.stderr
+        assert proc.stderr.count("\n") == 1 and list(out.parent.iterdir()) == []
+
     proc = run_stage("02_orthogonal_design.py", *args)
     space = read_jsonl(run01 / "harness_space.jsonl")
     oa = {h["harness_id"] for h in read_jsonl(oa_run / "train_harnesses.jsonl")}
-    excluded = oa | {h["harness_id"] for h in read_jsonl(ws / "train_harnesses.jsonl")}
-    assert read_jsonl(out) == mod.shared_eval_set(space, oa, excluded, 6) and len(read_jsonl(out)) == 6
-    assert not {h["harness_id"] for h in read_jsonl(out)} & excluded and f"wrote {out}" in proc.stdout
-    assert sorted(p.name for p in out.parent.iterdir()) == ["eval_harnesses.jsonl"]  # nothing else, no lock left
-    before = (out.read_bytes(), out.stat().st_mtime_ns)
+    excluded = {h["harness_id"] for h in read_jsonl(ws / "train_harnesses.jsonl")}
+    rows = read_jsonl(out)
+    assert rows == mod.shared_eval_set(space, oa, excluded, 6, seed=0) and len(rows) == 6
+    assert not {h["harness_id"] for h in rows} & (oa | excluded | set(mod.one_factor_ids(space)))
+    assert f"wrote {out}" in proc.stdout and "170 /  45  less the base and the warm start's set" in proc.stdout
+    config_path = out.with_name("eval_harnesses_config.json")
+    config = json.loads(config_path.read_text())
+    distance = hamming_to_set(space, oa)
+    assert config["seed"] == 0 and config["n"] == 6
+    assert config["distance_to_oa"] == {h["harness_id"]: distance[h["harness_id"]] for h in rows}
+    assert [s["step"] for s in config["strata"]][:2] == ["outside the OA", "less the base and the warm start's set"]
+    assert (config["strata"][0]["distance_1"], config["strata"][0]["distance_2"]) == (180, 45)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["eval_harnesses.jsonl", "eval_harnesses_config.json"]
+
+    # written once
+    before = (out.read_bytes(), out.stat().st_mtime_ns, config_path.read_bytes())
     assert "unchanged" in run_stage("02_orthogonal_design.py", *args).stdout
-    first = read_jsonl(out)[0]["harness_id"]
+    first = rows[0]["harness_id"]
     extra = tmp_path / "extra.jsonl"
     extra.write_text(json.dumps({"harness_id": first}) + "\n")
     proc = run_stage("02_orthogonal_design.py", *args[:-3], f"{ws / 'train_harnesses.jsonl'},{extra}", "--out", out,
                      check=False)
     assert proc.returncode == 2 and "the evaluation set would change" in proc.stderr
+    proc = run_stage("02_orthogonal_design.py", *args, "--seed", 1, check=False)
+    assert proc.returncode == 2 and "the evaluation set would change" in proc.stderr
     extra.write_text('{"harness_id": "S1-T1-O1-C1-W1"}\n{"name": 1}\n')
     proc = run_stage("02_orthogonal_design.py", *args[:-3], extra, "--out", out, check=False)
     assert proc.returncode == 2 and f"{extra}:2: field 'harness_id'" in proc.stderr
     proc = run_stage("02_orthogonal_design.py", "--run", oa_run, "--eval-set", 6, check=False)
-    assert proc.returncode == 2 and "--eval-set 6: needs N >= 1 and --out FILE" in proc.stderr
-    assert (out.read_bytes(), out.stat().st_mtime_ns) == before
+    assert proc.returncode == 2 and "--eval-set 6: needs --out FILE" in proc.stderr
+    assert (out.read_bytes(), out.stat().st_mtime_ns, config_path.read_bytes()) == before
