@@ -4,8 +4,11 @@
 reads those folders of several runs, checks that every row was scored on the same ground (the same tasks, the same
 (task, harness) pairs, samples and settings), and writes one table: pass@1 of every row with its 95% interval, and
 each row's paired difference to the reference row, with a paired bootstrap interval over tasks and an exact sign
-test on the tasks where the two differ. With --experiment (an experiment folder of pipeline.py) the table also says
-what each method spent (rollout episodes, minibatches, optimizer steps, wall time): the one writer of that file.
+test on the tasks where the two differ (per-task values are exact fractions: a tie is a tie), and each column's
+minimum detectable difference from that exact test. Then In-Space split two ways, a table each: by the Hamming
+distance of each evaluation harness to the row's own training set, and by task family. With --experiment (an
+experiment folder of pipeline.py) the table also says what each method spent (rollout episodes, minibatches,
+optimizer steps, wall time): the one writer of that file.
 
     python compare.py runs/default runs/single-harness
     python compare.py base=runs/exp/base/eval/final \
@@ -33,12 +36,11 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
-
-from intervals import bootstrap_ci, fmt, min_detectable, pair_means, pass1_ci, sign_test, task_means
+from intervals import bootstrap_ci, fmt, pass1_ci, sign_test
 from ledger import compute_of, read_records
 from plumbing import fail, locked, read_json, read_jsonl, write_atomic
-from transfer_curve import transfer_curve
+# per-task values as exact fractions (a tie is a tie), one copy for both programs that compare tasks
+from transfer_curve import exact_pair_means, exact_task_means, mean, transfer_curve
 
 # the columns, as 06 writes them (RUN/eval/<label>/<split>.jsonl): Base, In-Space, the framework columns with
 # native tool calls, the unseen-call-syntax columns; a framework column's harness id is its bridge's
@@ -154,12 +156,16 @@ def checked_summary(summary, where):
     return summary
 
 
-def load_pairs(evaldir, summary, excluded):
-    """{split: {(task, harness): success averaged over samples}} of one EVALDIR; unseen syntax without `excluded`."""
-    return {split: pair_means([e for _, e in read_jsonl(evaldir / f"{split}.jsonl",
-                                                        required=("task_id", "harness_id", "success"))
-                               if not (split == "external" and e["harness_id"] in excluded)])
-            for split in summary["splits"]}
+def load_evaldir(evaldir, summary, excluded):
+    """One EVALDIR -> ({split: {(task, harness): success averaged over samples, a Fraction}}, {task: family}); unseen
+    syntax without `excluded`. The family is read where the episodes record one (04 writes it)."""
+    pairs, families = {}, {}
+    for split in summary["splits"]:
+        episodes = [e for _, e in read_jsonl(evaldir / f"{split}.jsonl", required=("task_id", "harness_id", "success"))
+                    if not (split == "external" and e["harness_id"] in excluded)]
+        pairs[split] = exact_pair_means(episodes)
+        families.update({e["task_id"]: e["family"] for e in episodes if e.get("family")})
+    return pairs, families
 
 
 def experiment_runs(exp):
@@ -201,6 +207,14 @@ def ground_difference(a_name, a, b_name, b, splits):
                 return msg
     return None
 
+def min_detectable_tasks(n, alpha=0.05):
+    """The fewest discordant tasks k, all one way, for which the exact two-sided sign test gives p <= alpha: p(k, 0)
+    = 2 / 2^k, so k = 6 at 5% (p 0.031; 5 gives 0.0625) once n >= 6; None when n tasks are too few. As a
+    difference in pass@1, k / n is the smallest that can be significant over n tasks, a discordant task counted
+    whole (from 0 to 1)."""
+    return next((k for k in range(1, n + 1) if sign_test(k, 0) <= alpha), None)
+
+
 def table(items, reference, args):
     """One table across policies on common ground (the same tasks, harnesses, samples and settings in every row),
     with paired differences of pass@1 to a reference row. -> (report, markdown)."""
@@ -209,12 +223,27 @@ def table(items, reference, args):
     if reference is not None and reference not in names:
         fail(f"--reference {reference!r}: no such row (rows: {', '.join(names)})")
     ref = rows[names.index(reference)] if reference is not None else rows[0]
-    ground = {"splits": {s: {"tasks": len({t for t, _ in ref["pairs"][s]}), "pairs": len(ref["pairs"][s]),
-                             "harness_ids": sorted({h for _, h in ref["pairs"][s]})} for s in splits},
+    ground = {"splits": {s: column_ground(ref["pairs"][s]) for s in splits},
               "excluded_external": [h for h in excluded if levels_of(h) is None and h not in FRAMEWORKS.values()],
               **ref["config"]}
     report = {"reference": ref["name"], "common_ground": ground, "rows": paired_rows(rows, ref, splits, args)}
-    return report, compare_markdown(report, splits, [s for r in rows for s in r["summaries"]])
+    md = compare_markdown(report, splits, [s for r in rows for s in r["summaries"]])
+    if "inspace" in splits:  # the In-Space column split two ways, each in a table of its own
+        for r, out in zip(rows, report["rows"]):
+            own = [sorted(h for h in x["train_ids"] if levels_of(h) is not None) for x in r["replicates"]]
+            out.update(own_training_sets=own, inspace_by_distance=by_distance(r),
+                       inspace_by_family=by_family(r, ref, args))
+        md += distance_markdown(report) + family_markdown(report)
+    return report, md
+
+
+def column_ground(pairs):
+    """A column's common ground: its tasks, pairs and harness ids, and its minimum detectable difference from the
+    exact sign test over its tasks (the paired units)."""
+    n = len({t for t, _ in pairs})
+    k = min_detectable_tasks(n)
+    return {"tasks": n, "pairs": len(pairs), "harness_ids": sorted({h for _, h in pairs}),
+            "min_detectable_tasks": k, "min_detectable": None if k is None else k / n}
 
 
 def write_outputs(prefix, report, md):
@@ -244,17 +273,22 @@ def common_ground(rows):
     # common ground 1: the unseen-syntax column keeps only the external harnesses that no row trained on
     excluded = sorted({h for r in rows for h in r["train_ids"]})
     for r in rows:
-        reps = [{"config": {f: s["config"][f] for f in SAME_CONFIG}, "pairs": load_pairs(d, s, excluded)}
-                for d, s in zip(r["evaldirs"], r["summaries"])]
+        reps = []
+        for d, s in zip(r["evaldirs"], r["summaries"]):
+            pairs, families = load_evaldir(d, s, excluded)
+            reps.append({"config": {f: s["config"][f] for f in SAME_CONFIG}, "pairs": pairs, "families": families,
+                         "train_ids": s["train_ids"]})
         for d, rep in zip(r["evaldirs"][1:], reps[1:]):  # seed replicates: one evaluation set
             first = r["evaldirs"][0]
             msg = first_difference("splits", first, set(reps[0]["pairs"]), d, set(rep["pairs"])) or \
                 ground_difference(first, reps[0], d, rep, reps[0]["pairs"])
             if msg:
                 fail(f"row {r['name']}: its replicates must share one evaluation set: {msg}")
-        r["config"] = reps[0]["config"]  # a pair's success: mean over samples, then over replicates
-        r["pairs"] = {sp: {k: float(np.mean([x["pairs"][sp][k] for x in reps])) for k in v}
+        r["config"] = reps[0]["config"]  # a pair's success: mean over samples, then over replicates (exact)
+        r["pairs"] = {sp: {k: sum(x["pairs"][sp][k] for x in reps) / len(reps) for k in v}
                       for sp, v in reps[0]["pairs"].items()}
+        r["replicates"] = reps  # kept apart for the split by distance: each seed's own training set
+        r["families"] = {t: f for x in reps for t, f in x["families"].items()}
     # common ground 2: the splits every row has, with the same settings and (task, harness) pairs in every row
     splits = [s for s in SPLITS if all(r["pairs"].get(s) for r in rows)]
     for s in SPLITS:
@@ -270,6 +304,21 @@ def common_ground(rows):
     return rows, splits, excluded
 
 
+def paired_difference(mine, theirs, args):
+    """The paired difference of two rows over the same tasks, from exact per-task values (lists of Fractions):
+    d = mean over tasks of (row's per-task pass@1 - reference's), its interval by the paired bootstrap (the same
+    resampled tasks for both rows, a task's harnesses kept together), and the exact sign test on the discordant
+    tasks (better vs worse; a tie, exactly equal values, is neither). Identical rows say so instead of printing a
+    zero-width interval."""
+    d = [a - b for a, b in zip(mine, theirs)]  # [n_tasks] Fractions
+    better, worse = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    identical = better + worse == 0
+    return {"diff_vs_reference": mean(d),
+            "diff_ci95": None if identical else bootstrap_ci([float(x) for x in d], args.bootstrap, args.seed),
+            "better_tasks": better, "worse_tasks": worse, "sign_test_p": sign_test(better, worse),
+            "identical": identical}
+
+
 def paired_rows(rows, ref, splits, args):
     """Each row's pass@1 per split with its interval, and its paired difference to the reference row."""
     out_rows = []
@@ -277,28 +326,117 @@ def paired_rows(rows, ref, splits, args):
         res = {}
         for s in splits:
             tasks = sorted({t for t, _ in r["pairs"][s]})
-            mine, theirs = (task_means(x["pairs"][s], tasks) for x in (r, ref))
-            ci, method = pass1_ci(mine, args.bootstrap, args.seed)
-            # paired difference d = mean over tasks of (row's per-task pass@1 - reference's), interval by the
-            # paired bootstrap: the same resampled tasks for both rows, a task's harnesses kept together
-            # and an exact sign test on the discordant tasks (better vs worse); identical rows say so instead of
-            # printing a zero-width interval
-            d, other = mine - theirs, r is not ref
-            better, worse, identical = int((d > 0).sum()), int((d < 0).sum()), bool(np.all(d == 0))
-            res[s] = {"pass@1": float(np.mean(list(r["pairs"][s].values()))), "ci95": ci, "ci_method": method,
-                      "pairs": len(r["pairs"][s]), "tasks": len(tasks),
-                      "diff_vs_reference": float(d.mean()) if other else None,
-                      "diff_ci95": bootstrap_ci(d, args.bootstrap, args.seed) if other and not identical else None,
-                      "better_tasks": better if other else None, "worse_tasks": worse if other else None,
-                      "sign_test_p": sign_test(better, worse) if other else None,
-                      "mdd80": min_detectable(d) if other else None,
-                      "identical": identical if other else None,
+            mine, theirs = (exact_task_means(x["pairs"][s], tasks) for x in (r, ref))  # [n_tasks] Fractions
+            ci, method = pass1_ci([float(x) for x in mine], args.bootstrap, args.seed)
+            diff = paired_difference(mine, theirs, args) if r is not ref else dict.fromkeys(
+                ["diff_vs_reference", "diff_ci95", "better_tasks", "worse_tasks", "sign_test_p", "identical"])
+            res[s] = {"pass@1": mean(r["pairs"][s].values()), "ci95": ci, "ci_method": method,
+                      "pairs": len(r["pairs"][s]), "tasks": len(tasks), **diff,
                       "trained_in": FRAMEWORKS.get(s) in r["train_ids"]}  # not a transfer figure for this row
         out_rows.append({"name": r["name"], "evaldirs": [str(d) for d in r["evaldirs"]],
                          "policies": [s.get("policy") for s in r["summaries"]], "train_ids": r["train_ids"],
                          "inspace_ids": sorted({h for _, h in r["pairs"].get("inspace", {})}),
                          "task_ids": sorted({t for s in splits for t, _ in r["pairs"][s]}), "splits": res})
     return out_rows
+
+
+# ----------------------------------------------------------------------------- In-Space by distance and by family
+def hamming(a, b):
+    """d_H(a, b) = sum_c [a(c) != b(c)]: the components on which two harness ids of the space differ."""
+    la, lb = levels_of(a), levels_of(b)
+    return sum(la[c] != lb[c] for c in COMPONENTS)
+
+
+def distance_to(harness, train_ids):
+    """A harness's Hamming distance to a training set: to the set's nearest member in the space (an out-of-space id
+    such as X-pydantic-ai has no distance); None when no member is in the space."""
+    in_space = [h for h in train_ids if levels_of(h) is not None]
+    return min(hamming(harness, h) for h in in_space) if in_space else None
+
+
+def cell_of(pairs):
+    """pass@1 of some {(task, ...): value} pairs with its 95% interval over tasks (the independent units)."""
+    tasks = sorted({t for t, _ in pairs})
+    ci, method = pass1_ci([float(x) for x in exact_task_means(pairs, tasks)])
+    return {"pass@1": mean(pairs.values()), "ci95": ci, "ci_method": method, "tasks": len(tasks),
+            "pairs": len(pairs)}
+
+
+def by_distance(r):
+    """A row's In-Space pass@1 split by each evaluation harness's distance to the row's OWN training set (its
+    summaries' train_ids: the base alone for single, the OA-18 for harness-scaling, the warm start's set for the
+    warm start). Replicate by replicate: each seed of random18 trains on its own draw, so one harness can lie at
+    distance 1 from one seed's set and 2 from another's; a task's value at d is its mean over the (seed, harness)
+    pairs at d. -> [{distance, pass@1, ci95, ..., harness_ids}], or None for a row trained on no harness of H."""
+    at = {}  # d -> {(task, (replicate, harness)): value}
+    for i, rep in enumerate(r["replicates"]):
+        for (task, h), v in rep["pairs"]["inspace"].items():
+            d = distance_to(h, rep["train_ids"])
+            if d is None:
+                return None
+            at.setdefault(d, {})[(task, (i, h))] = v
+    return [{"distance": d, **cell_of(p), "harness_ids": sorted({h for _, (_, h) in p})}
+            for d, p in sorted(at.items())]
+
+
+def by_family(r, ref, args):
+    """A row's In-Space pass@1 per task family, with its paired difference to the reference over the family's tasks
+    (both rows have the same pairs). -> [{family, pass@1, ci95, ..., diff_vs_reference, ...}], or None when the
+    episodes record no family."""
+    families = ref["families"]  # {task: family}: the same tasks in every row (common ground)
+    pairs, theirs = r["pairs"]["inspace"], ref["pairs"]["inspace"]
+    if not all(t in families for t, _ in pairs):
+        return None
+    out = []
+    for family in sorted(set(families[t] for t, _ in pairs)):
+        tasks = sorted({t for t, _ in pairs if families[t] == family})
+        mine = {k: v for k, v in pairs.items() if families[k[0]] == family}
+        diff = paired_difference(exact_task_means(mine, tasks), exact_task_means(theirs, tasks), args) \
+            if r is not ref else {"diff_vs_reference": None}
+        out.append({"family": family, **cell_of(mine), **diff})
+    return out
+
+
+def distance_markdown(report):
+    """The table of by_distance: a row per policy, a column per distance."""
+    rows = [r for r in report["rows"] if r["inspace_by_distance"]]
+    if not rows:
+        return ""
+    ds = sorted({c["distance"] for r in rows for c in r["inspace_by_distance"]})
+    lines = ["", "## In-Space by Hamming distance to each row's own training set", "",
+             "pass@1 in % [95% interval over tasks] on the In-Space harnesses at Hamming distance d from the nearest "
+             "harness the row trained on (its own training set: the base harness alone for single, the OA-18 for "
+             "harness-scaling, the base and its one-factor variants for the warm start and the black-box rows; each "
+             "seed's distances to its own set); (N h): the evaluation harnesses at d. Not paired across rows: each "
+             "row's harnesses at d are its own.", "",
+             "| policy | training harnesses in H | " + " | ".join(f"d = {d}" for d in ds) + " |",
+             "| --- | --- |" + " --- |" * len(ds)]
+    for r in rows:
+        cells = {c["distance"]: f"{fmt(c)} ({len(c['harness_ids'])} h)" for c in r["inspace_by_distance"]}
+        own = r["own_training_sets"]  # per replicate, its training harnesses in H
+        size = ", ".join(str(n) for n in sorted({len(ids) for ids in own}))
+        size += " (a set per seed)" if len({tuple(ids) for ids in own}) > 1 else ""
+        lines.append(f"| {r['name']}{replicates(r['evaldirs'])} | {size} | "
+                     + " | ".join(cells.get(d, "-") for d in ds) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def family_markdown(report):
+    """The table of by_family: a row per policy, a value and a Δ column per family."""
+    rows = [r for r in report["rows"] if r["inspace_by_family"]]
+    if not rows:
+        return ""
+    ref = report["reference"]
+    families = [(c["family"], c["tasks"]) for c in rows[0]["inspace_by_family"]]
+    lines = ["", "## In-Space by task family", "",
+             f"pass@1 in % [95% interval over the family's tasks] under the In-Space harnesses; Δ to {ref} in points, "
+             "paired over the family's tasks, as above. Tasks: " + ", ".join(f"{f} {n}" for f, n in families) + ".",
+             "", "| policy | " + " | ".join(f"{f} | Δ vs {ref}" for f, _ in families) + " |",
+             "| --- |" + " --- | --- |" * len(families)]
+    for r in rows:
+        cells = [x for c in r["inspace_by_family"] for x in (fmt(c), delta_cell(c))]
+        lines.append(f"| {r['name']}{replicates(r['evaldirs'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- what each method spent
@@ -331,24 +469,34 @@ def compare_markdown(report, splits, summaries):
         cells = []
         for s in splits:
             x = r["splits"][s]
-            if x["diff_vs_reference"] is None:
-                delta = "reference"
-            elif x["identical"]:
-                delta = f"identical on all {x['tasks']} tasks"
-            else:
-                lo, hi = x["diff_ci95"]
-                delta = (f"{100 * x['diff_vs_reference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] "
-                         f"({x['better_tasks']} / {x['worse_tasks']}, p {x['sign_test_p']:.2g})")
-            cells += [fmt(x) + (" (trained in)" if x["trained_in"] else ""), delta]
+            cells += [fmt(x) + (" (trained in)" if x["trained_in"] else ""), delta_cell(x)]
         lines.append(f"| {r['name']}{replicates(r['evaldirs'])} | " + " | ".join(cells) + " |")
-    mdd = [f"{SPLIT_NAMES[s]}: " + ", ".join(f"{r['name']} {100 * r['splits'][s]['mdd80']:.1f}" for r in report["rows"]
-                                           if r["splits"][s]["mdd80"] is not None) for s in splits]
+    mdd = []  # per column, from the exact sign test over its tasks (column_ground)
+    for s in splits:
+        c = g["splits"][s]
+        if c["min_detectable"] is None:
+            mdd.append(f"{SPLIT_NAMES[s]} none ({c['tasks']} tasks are too few)")
+        else:
+            mdd.append(f"{SPLIT_NAMES[s]} {100 * c['min_detectable']:.1f} ({c['min_detectable_tasks']} of "
+                       f"{c['tasks']} tasks)")
     if any(x["trained_in"] for r in report["rows"] for x in r["splits"].values()):
         lines += ["", "(trained in): the row's policy trained inside this framework, so the cell is not a transfer "
                   "figure."]
-    lines += ["", "Minimum detectable difference to the reference in points (80% power, two-sided 5%, from each row's "
-              "paired per-task differences; 0 where the rows never differ): " + "; ".join(mdd) + "."]
+    lines += ["", "Minimum detectable difference in points, per column: the fewest tasks that, all better (or all "
+              "worse), reach p <= 0.05 in the exact two-sided sign test, over the column's tasks (a task counted "
+              "whole, 0 to 1): " + "; ".join(mdd) + "."]
     return "\n".join(lines) + "\n"
+
+
+def delta_cell(x):
+    """A Δ cell: 'reference', 'identical on all N tasks', or 'Δ [interval] (better / worse, p)' in points."""
+    if x["diff_vs_reference"] is None:
+        return "reference"
+    if x["identical"]:
+        return f"identical on all {x['tasks']} tasks"
+    lo, hi = x["diff_ci95"]
+    return (f"{100 * x['diff_vs_reference']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] "
+            f"({x['better_tasks']} / {x['worse_tasks']}, p {x['sign_test_p']:.2g})")
 
 
 def replicates(evaldirs):

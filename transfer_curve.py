@@ -26,11 +26,12 @@ Writes  PREFIX.md, PREFIX.png (matplotlib), PREFIX.json (written last: the done 
 import argparse
 import json
 import os
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
-from intervals import pair_means, pass1_ci, sign_test, task_means
+from intervals import pass1_ci, sign_test
 from plumbing import fail, locked, read_jsonl, write_atomic
 
 
@@ -92,7 +93,7 @@ def load_method(name, runs, eval_ids):
         for line, eps in lines.items():
             if not eps:
                 fail(f"{runs[0] / 'curve' / f'iter-{t:03d}.jsonl'}: no episode under the {line} harnesses")
-        out[t] = {line: pair_means(eps) for line, eps in lines.items()}
+        out[t] = {line: exact_pair_means(eps) for line, eps in lines.items()}
         out[t]["ends"] = {line: how_episodes_end(eps) for line, eps in lines.items()}
     for line in ("trained", "held-out"):  # every checkpoint on the same (task, harness) pairs
         first = set(out[points[0]][line])
@@ -104,6 +105,32 @@ def load_method(name, runs, eval_ids):
 
 
 # ---- the algorithm ----
+# Per-task values are exact fractions (successes / episodes, then means of those), floats only for display and the
+# intervals: a task on which two rows both score 1/2 must compare equal, and a float mean of 2/3, 2/3, 1/3, 1/3 is
+# 0.49999999999999994, which a sign test would count as worse than 0.5. compare.py uses these two as well.
+def exact_pair_means(episodes):
+    """{(task_id, harness_id): Fraction(successes, episodes)}: a pair's success averaged over its samples (and over
+    replicates, when their episodes are pooled)."""
+    by_pair = {}
+    for e in episodes:
+        by_pair.setdefault((e["task_id"], e["harness_id"]), []).append(int(bool(e["success"])))
+    return {k: Fraction(sum(v), len(v)) for k, v in by_pair.items()}
+
+
+def exact_task_means(pairs, tasks):
+    """[n_tasks] per-task pass@1 as Fractions, in `tasks` order: the mean over the task's pairs (keys (task, ...))."""
+    by_task = {}
+    for (t, _), v in pairs.items():
+        by_task.setdefault(t, []).append(v)
+    return [sum(by_task[t], Fraction(0)) / len(by_task[t]) for t in tasks]
+
+
+def mean(values):
+    """The mean of exact values, as a float for the tables."""
+    values = list(values)
+    return float(sum(values, Fraction(0)) / len(values))
+
+
 def how_episodes_end(episodes):
     """What RL changes on the way to a success: solved, submitted a wrong answer, or never submitted (turn budget,
     unparsable replies, failing tool calls), with the parse errors per model turn and tool errors per episode."""
@@ -117,11 +144,11 @@ def how_episodes_end(episodes):
 
 
 def paired(after, before):
-    """Paired change over tasks: mean of the per-task differences, tasks better / worse, exact sign test."""
-    d = after - before
-    better, worse = int((d > 0).sum()), int((d < 0).sum())
-    return {"diff": float(d.mean()), "better_tasks": better, "worse_tasks": worse,
-            "sign_test_p": sign_test(better, worse)}
+    """Paired change over tasks (exact per-task values): mean of the per-task differences, tasks better / worse,
+    exact sign test."""
+    d = [a - b for a, b in zip(after, before)]  # [n_tasks] Fractions: a tie is exactly 0
+    better, worse = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    return {"diff": mean(d), "better_tasks": better, "worse_tasks": worse, "sign_test_p": sign_test(better, worse)}
 
 
 def curve_of(points):
@@ -133,11 +160,12 @@ def curve_of(points):
         for line in ("trained", "held-out"):
             pairs = points[t][line]
             tasks = sorted({task for task, _ in pairs})
-            v = task_means(pairs, tasks)  # [n_tasks] a task's pass@1 over the line's harnesses
-            ci, method = pass1_ci(v, 0, 0)  # exact / Korn-Graubard: no resampling, so no bootstrap size or seed
-            row[line] = {"pass@1": float(np.mean(list(pairs.values()))), "ci95": ci, "ci_method": method,
+            v = exact_task_means(pairs, tasks)  # [n_tasks] a task's pass@1 over the line's harnesses
+            ci, method = pass1_ci([float(x) for x in v], 0, 0)  # exact / Korn-Graubard: no resampling
+            row[line] = {"pass@1": mean(pairs.values()), "ci95": ci, "ci_method": method,
                          "tasks": len(tasks), "harnesses": len({h for _, h in pairs}),
-                         "since_start": paired(v, task_means(points[start][line], tasks)) if t != start else None,
+                         "since_start": paired(v, exact_task_means(points[start][line], tasks)) if t != start
+                         else None,
                          "ends": points[t]["ends"][line]}
         rows.append(row)
     return rows
@@ -150,8 +178,8 @@ def between(ref, other):
         tasks = sorted({task for task, _ in ref[t]["held-out"]})
         if set(ref[t]["held-out"]) != set(other[t]["held-out"]):
             fail(f"iteration {t}: the methods' held-out (task, harness) pairs differ (not the same evaluation)")
-        out.append({"iteration": t, **paired(task_means(other[t]["held-out"], tasks),
-                                             task_means(ref[t]["held-out"], tasks))})
+        out.append({"iteration": t, **paired(exact_task_means(other[t]["held-out"], tasks),
+                                             exact_task_means(ref[t]["held-out"], tasks))})
     return out
 
 

@@ -2,6 +2,7 @@
 (common ground, replicates, reference row) on hand-made RUN/eval/LABEL folders."""
 import itertools
 import json
+import math
 import random
 import shutil
 
@@ -71,6 +72,107 @@ def test_sign_test_against_enumeration():
         assert cmp.sign_test(b, w) == pytest.approx(min(1.0, tail if b != w else 1.0))
     assert cmp.sign_test(0, 0) == 1.0 and cmp.sign_test(5, 0) == pytest.approx(0.0625)
 
+def test_min_detectable_tasks_against_a_hand_computation():
+    """The fewest discordant tasks, all one way, whose exact two-sided sign test reaches p <= 0.05, computed here
+    with math.comb over every split of k discordant tasks (at least as extreme: min(better, worse) <= 0)."""
+    def two_sided_p(k):  # all k one way: P(min(B, W) <= 0), B ~ Bin(k, 1/2)
+        return min(1.0, sum(math.comb(k, i) for i in range(k + 1) if min(i, k - i) == 0) / 2 ** k)
+    for n in range(1, 41):
+        want = next((k for k in range(1, n + 1) if two_sided_p(k) <= 0.05), None)
+        assert cmp.min_detectable_tasks(n) == want, n
+    assert two_sided_p(5) == 0.0625 and two_sided_p(6) == 0.03125  # 5 all one way is not enough, 6 is
+    assert cmp.min_detectable_tasks(8) == 6 and 6 / 8 == 0.75      # 8 framework tasks: 75 points
+    assert cmp.min_detectable_tasks(120) == 6                      # 120 tasks: 5 points
+    assert cmp.min_detectable_tasks(5) is None                     # 5 tasks all one way: p 0.0625
+
+
+def write_inspace_evaldir(path, successes, train, families=None):
+    """A RUN/eval/LABEL folder with an In-Space split only: successes {(task, harness): bool}, in that order (the
+    order a float mean would add them in); families {task: family} recorded on the episodes when given."""
+    rows = [episode(t, h, ok, **({"family": families[t]} if families else {})) for (t, h), ok in successes.items()]
+    write_jsonl(path / "inspace.jsonl", rows)
+    (path / "summary.json").write_text(json.dumps({
+        "label": path.name, "train_ids": sorted(train), "splits": {"inspace": {}},
+        "config": {"samples": 1, "temperature": 0.0, "max_turns": 6, "max_new_tokens": 128, "backend": "hf",
+                   "dtype": None, "max_model_len": None}}))
+    return path
+
+
+def test_an_exact_tie_is_neither_better_nor_worse(tmp_path):
+    """Seeds are averaged per pair, then harnesses per task. Task t0: the reference's 3 seeds solve its 4 harnesses
+    2, 2, 1 and 1 times (2/3, 2/3, 1/3, 1/3: a task value of exactly 1/2, which a float mean makes
+    0.49999999999999994); the other row solves 2 of 4 (1/2). A tie: neither better nor worse. Task t1 is a real
+    win (0 against 1/4), so the row is better on 1 task, worse on none."""
+    h = SPACE_IDS + ["S0-T0-O0-C1-W1"]
+    solved_in = {0: {h[0], h[1], h[2], h[3]}, 1: {h[0], h[1]}, 2: set()}  # seed -> harnesses solved on t0
+    refs = [write_inspace_evaldir(tmp_path / f"hs-s{s}" / "eval" / "hs",
+                                  {**{("t0", x): x in solved_in[s] for x in h}, **{("t1", x): False for x in h}},
+                                  train=(BASE,)) for s in range(3)]
+    assert [sum(x in solved_in[s] for s in range(3)) for x in h] == [2, 2, 1, 1]  # times each harness is solved
+    other = write_inspace_evaldir(tmp_path / "other" / "eval" / "other",
+                                  {**{("t0", x): x in (h[0], h[3]) for x in h}, **{("t1", x): x == h[0] for x in h}},
+                                  train=(BASE,))
+    run_stage("compare.py", "hs=" + ",".join(map(str, refs)), f"other={other}", "--reference", "hs",
+              "--out", tmp_path / "c")
+    cell = json.loads((tmp_path / "c.json").read_text())["rows"][1]["splits"]["inspace"]
+    assert (cell["better_tasks"], cell["worse_tasks"]) == (1, 0)
+    assert cell["sign_test_p"] == 1.0 and cell["diff_vs_reference"] == pytest.approx((0 + 1 / 4) / 2)
+    assert "(1 / 0, p 1)" in (tmp_path / "c.md").read_text()
+
+
+def test_inspace_split_by_distance_to_each_rows_own_training_set_and_by_family(tmp_path):
+    """Hand-computed: three evaluation harnesses A, B, C; the reference hs has two seeds with their own training
+    sets (seed 0 trained on S1-T1-O1-C1-W1, seed 1 on S0-T0-O0-C0-W1), single trained on the base alone.
+    Distances (components that differ to the nearest training harness):
+        A = S0-T0-O0-C1-W1: single 2 (C, W), hs seed 0 3 (S, T, O), hs seed 1 1 (C)
+        B = S2-T2-O1-C2-W1: single 5, hs seed 0 3 (S, T, C), hs seed 1 4 (S, T, O, C)
+        C = S1-T1-O0-C1-W0: single 3 (S, T, C), hs seed 0 2 (O, W), hs seed 1 4 (S, T, C, W)
+    Successes on tasks t0-t3 (families lookup, lookup, sum, sum): hs seed 0 solves C on t0 and t1, hs seed 1 solves
+    A on every task, single solves A on t0 and C on t2 and t3; nothing else."""
+    A, B, C = "S0-T0-O0-C1-W1", "S2-T2-O1-C2-W1", "S1-T1-O0-C1-W0"
+    tasks, families = ["t0", "t1", "t2", "t3"], {"t0": "lookup", "t1": "lookup", "t2": "sum", "t3": "sum"}
+    assert [cmp.hamming(A, x) for x in (BASE, "S1-T1-O1-C1-W1", "S0-T0-O0-C0-W1")] == [2, 3, 1]
+    assert cmp.distance_to(B, ["X-pydantic-ai", BASE, "S0-T0-O0-C0-W1"]) == 4  # the nearest member in H
+    solved = {"hs0": {("t0", C), ("t1", C)},
+              "hs1": {(t, A) for t in tasks},
+              "single": {("t0", A), ("t2", C), ("t3", C)}}
+    train = {"hs0": ["S1-T1-O1-C1-W1"], "hs1": ["S0-T0-O0-C0-W1"], "single": [BASE]}
+    dirs = {n: write_inspace_evaldir(tmp_path / n / "eval" / n, {(t, x): (t, x) in solved[n] for t in tasks
+                                                                 for x in (A, B, C)}, train[n], families)
+            for n in solved}
+    run_stage("compare.py", f"hs={dirs['hs0']},{dirs['hs1']}", f"single={dirs['single']}", "--reference", "hs",
+              "--out", tmp_path / "c")
+    report = json.loads((tmp_path / "c.json").read_text())
+    hs, single = report["rows"]
+    assert hs["own_training_sets"] == [["S1-T1-O1-C1-W1"], ["S0-T0-O0-C0-W1"]]
+    assert single["own_training_sets"] == [[BASE]]
+    # by distance: pass@1 over the (task, seed, harness) pairs at d, and the harnesses there
+    got = {r["name"]: {c["distance"]: (c["pass@1"], c["harness_ids"], c["pairs"]) for c in r["inspace_by_distance"]}
+           for r in (hs, single)}
+    assert got["hs"] == {1: (1.0, [A], 4),          # seed 1's A: solved on all 4 tasks
+                         2: (0.5, [C], 4),          # seed 0's C: t0, t1
+                         3: (0.0, [A, B], 8),       # seed 0's A and B
+                         4: (0.0, sorted([B, C]), 8)}  # seed 1's B and C
+    assert got["single"] == {2: (0.25, [A], 4), 3: (0.5, [C], 4), 5: (0.0, [B], 4)}
+    # by family, paired with hs: per-task values (mean over A, B, C of the seeds' mean)
+    #   hs:     t0 (1/2 + 0 + 1/2) / 3 = 1/3, t1 1/3, t2 (1/2 + 0 + 0) / 3 = 1/6, t3 1/6
+    #   single: t0 1/3, t1 0, t2 1/3, t3 1/3
+    fam = {c["family"]: c for c in single["inspace_by_family"]}
+    assert fam["lookup"]["pass@1"] == pytest.approx(1 / 6) and fam["sum"]["pass@1"] == pytest.approx(1 / 3)
+    assert (fam["lookup"]["better_tasks"], fam["lookup"]["worse_tasks"]) == (0, 1)  # t0 ties exactly
+    assert fam["lookup"]["diff_vs_reference"] == pytest.approx((0 - 1 / 3) / 2)
+    assert (fam["sum"]["better_tasks"], fam["sum"]["worse_tasks"]) == (2, 0)
+    assert fam["sum"]["diff_vs_reference"] == pytest.approx(1 / 6) and fam["sum"]["tasks"] == 2
+    assert [(c["family"], c["pass@1"]) for c in hs["inspace_by_family"]] == [("lookup", pytest.approx(1 / 3)),
+                                                                           ("sum", pytest.approx(1 / 6))]
+    md = (tmp_path / "c.md").read_text()
+    assert "## In-Space by Hamming distance to each row's own training set" in md
+    assert "| policy | training harnesses in H | d = 1 | d = 2 | d = 3 | d = 4 | d = 5 |" in md
+    assert "| hs (2 replicates) | 1 (a set per seed) | 100.0 [" in md and "| single | 1 | - | 25.0 [" in md
+    assert "## In-Space by task family" in md and "Tasks: lookup 2, sum 2." in md
+    assert "| policy | lookup | Δ vs hs | sum | Δ vs hs |" in md and "(0 / 1, p 1)" in md and "(2 / 0, p 0.5)" in md
+
+
 FRAMEWORKS = {"smolagents-native": ("X-smolagents-native", "smolagents 9.9.9 (native tool calls)"),
               "pydantic-ai": ("X-pydantic-ai", "pydantic-ai 8.8.8")}
 
@@ -128,14 +230,13 @@ def test_compare_paired_differences_replicates_and_reference(tmp_path):
         assert cell["diff_ci95"] == pytest.approx([np.percentile(means, 2.5), np.percentile(means, 97.5)])
         assert cell["better_tasks"] == sum(x > 0 for x in d) and cell["worse_tasks"] == sum(x < 0 for x in d)
         assert cell["pass@1"] == pytest.approx(sum(a.values()) / len(a))
-        # minimum detectable difference: (z_0.975 + z_0.8) x sample sd of d / sqrt(n), with statistics' quantiles
-        from statistics import NormalDist, stdev
-        z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)
-        assert cell["mdd80"] == pytest.approx(z * stdev(d) / len(d) ** 0.5, rel=1e-5)
+        # minimum detectable difference of the column: 6 of its 12 tasks all one way (2 / 2^6 <= 0.05 < 2 / 2^5)
+        column = report["common_ground"]["splits"][split]
+        assert column["min_detectable_tasks"] == 6 and column["min_detectable"] == pytest.approx(6 / 12)
         assert report["rows"][1]["splits"][split]["diff_vs_reference"] is None
     md = out.with_suffix(".md").read_text()
     assert "| policy | Base | Δ vs base/final |" in md and "| base/final | " in md and "reference" in md
-    assert "Minimum detectable difference to the reference in points" in md and "In-Space: oa " in md
+    assert "Minimum detectable difference in points, per column" in md and "In-Space 50.0 (6 of 12 tasks)" in md
     assert md in proc.stdout + "\n" and "Common ground: Base 12 tasks x 1 harness(es); In-Space 12 tasks x 2" in md
     bad = run_stage("compare.py", ref, "--reference", "nope", check=False)
     assert bad.returncode != 0 and "--reference 'nope': no such row" in bad.stderr

@@ -93,6 +93,30 @@ def test_curve_points_against_plain_python(tmp_path):
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_an_exact_tie_between_checkpoints_is_no_change(tmp_path):
+    """Three replicate runs pool their episodes per pair. On task t0 the trained harnesses are solved 1, 3 and 3
+    times of 3 at iteration 0 and 3, 3 and 1 times at iteration 2: 7/9 both times, which float means make
+    0.7777777777777777 and 0.7777777777777778. A tie, not a task better. Task t1 goes from 0 to 3/9: better."""
+    solved = {0: {"t0": (1, 3, 3), "t1": (0, 0, 0)}, 2: {"t0": (3, 3, 1), "t1": (1, 1, 1)}}  # times of 3 runs
+    runs = []
+    for r in range(3):
+        run = tmp_path / f"hs-{r}"
+        write_jsonl(run / "train_harnesses.jsonl", [{"harness_id": h} for h in TRAIN["hs"]])
+        for t, counts in solved.items():
+            rows = [{"task_id": task, "harness_id": h, "success": r < n, "finish_reason": "submitted", "turns": 2,
+                     "parse_errors": 0, "tool_errors": 0}
+                    for task in ("t0", "t1") for h, n in zip(EVAL + TRAIN["hs"], (0, 0, *counts[task]))]
+            write_jsonl(run / "curve" / f"iter-{t:03d}.jsonl", rows)
+        runs.append(run)
+    write_jsonl(tmp_path / "eval.jsonl", [{"harness_id": h} for h in EVAL])
+    out = tmp_path / "tc"
+    run_stage("transfer_curve.py", "hs=" + ",".join(map(str, runs)), "--eval-set", tmp_path / "eval.jsonl",
+              "--out", out)
+    change = json.loads(out.with_suffix(".json").read_text())["methods"]["hs"]["curve"][1]["trained"]["since_start"]
+    assert (change["better_tasks"], change["worse_tasks"]) == (1, 0) and change["sign_test_p"] == 1.0
+    assert change["diff"] == pytest.approx((0 + 3 / 9) / 2)
+
+
 @pytest.mark.parametrize("break_it, message", [
     (lambda hs: (hs / "curve" / "iter-002.jsonl").write_text(json.dumps(dict(
         episode(random.Random(0), "t0", EVAL[0], 1.0), success="yes")) + "\n"),
