@@ -65,6 +65,14 @@ def normalise(s):
         return s
 
 
+def answer_items(s):
+    """An answer read as a set of items (answer_set): split on commas, semicolons, whitespace and the word "and";
+    each item normalised as above (brackets and quotes around it dropped); items without a letter or digit (a
+    bullet "-") dropped. "River.txt, apple.txt and owl" -> {"river.txt", "apple.txt", "owl"}; a repeat counts once."""
+    items = (normalise(w.strip("'\"`[](){}")) for w in re.split(r"[\s,;]+", str(s)))
+    return {w for w in items if w != "and" and re.search(r"[^\W_]", w)}
+
+
 def check(checker, files, answer):
     """One check on the final workspace and the submitted answer: True or False (an `all` passes when all its parts
     do)."""
@@ -73,6 +81,9 @@ def check(checker, files, answer):
         return all(check(c, files, answer) for c in checker["checks"])
     if kind == "answer_equals":
         return answer is not None and normalise(answer) == normalise(checker["value"])
+    if kind == "answer_set":  # the same items, in any order, with any of the separators; nothing missing or extra
+        want = set().union(*(answer_items(v) for v in checker["values"]))
+        return answer is not None and bool(want) and answer_items(answer) == want
     text = files.get(checker["path"])
     if text is None:
         return False

@@ -22,6 +22,7 @@ import math
 import random
 from pathlib import Path
 
+from environment import answer_items
 from plumbing import fail, read_jsonl, read_text, surrogate_field
 
 COMPONENTS = ["S", "T", "O", "C", "W"]
@@ -125,14 +126,20 @@ def validate_harness(h, where):
 
 
 # ----------------------------------------------------------------------------- tasks and the assignment
-CHECKER_ARGS = {"answer_equals": ["value"], "file_equals": ["path", "value"], "file_contains": ["path", "value"],
-                "all": ["checks"]}
+CHECKER_ARGS = {"answer_equals": ["value"], "answer_set": ["values"], "file_equals": ["path", "value"],
+                "file_contains": ["path", "value"], "all": ["checks"]}
 
 
 def valid_checker(c):
+    """A checker environment.check can run: a known type with its arguments; answer_set's values a non-empty list of
+    strings, each one item as the checker splits answers (no separator inside: else no answer could ever match)."""
     need = CHECKER_ARGS.get(c.get("type")) if isinstance(c, dict) and isinstance(c.get("type"), str) else None
     if need is None or any(k not in c for k in need):
         return False
+    if c["type"] == "answer_set":
+        values = c["values"]
+        return isinstance(values, list) and bool(values) and \
+            all(isinstance(v, str) and len(answer_items(v)) == 1 for v in values)
     return c["type"] != "all" or isinstance(c["checks"], list) and c["checks"] and all(map(valid_checker, c["checks"]))
 
 
@@ -145,8 +152,9 @@ TASK = {
     "task_id": (*TEXT, True), "request": (*TEXT, True),
     "files": (lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
               "an object path -> text", True),
-    "checker": (valid_checker, "a checker: type answer_equals (value), file_equals / file_contains (path, value) or "
-                "all (checks: a non-empty list of checkers)", True),
+    "checker": (valid_checker, "a checker: type answer_equals (value), answer_set (values: a non-empty list of "
+                "single items), file_equals / file_contains (path, value) or all (checks: a non-empty list of checkers)",
+                True),
     "solution": (lambda v: not v or isinstance(v, list) and all(map(valid_step, v)),
                  "a list of steps {tool: a canonical tool, args: exactly its arguments} (the oracle's)", False),
     "family": (*TEXT, False),

@@ -88,6 +88,31 @@ def test_checkers():
     assert R.score(nested, files, "done") == 1.0 and R.check_results(nested, files, "nope") == [0, 0]
 
 
+@pytest.mark.parametrize("answer,passes", [
+    ("apple.txt, river.txt", True), ("river.txt apple.txt", True), ("River.txt and APPLE.TXT.", True),
+    ("apple.txt,river.txt", True), ("apple.txt; river.txt", True), ("- apple.txt\n- river.txt", True),
+    ('["apple.txt", "river.txt"]', True), ("apple.txt, apple.txt, river.txt", True),  # a repeat counts once
+    ("apple.txt", False), ("apple.txt, river.txt, stone.txt", False), ("apple, river", False),
+    ("apple.txt river.txt and", True), ("", False), ("   ", False), (",", False), ("and", False), (None, False),
+    ("apple.txtriver.txt", False), ("2", False)])
+def test_answer_set_checker(answer, passes):
+    """answer_set: the submitted items, split on commas / semicolons / whitespace / "and" and normalised each as
+    answer_equals does, are exactly the values (order, separators, case and repeats free; nothing missing or extra);
+    None, an empty answer or separators alone never pass."""
+    files = {"apple.txt": "code: 5", "river.txt": "code: 7", "stone.txt": "pin: 9"}
+    checker = {"type": "answer_set", "values": ["river.txt", "apple.txt"]}
+    assert R.score(checker, files, answer) == float(passes)
+    assert R.check_results(checker, files, answer) == [int(passes)]
+    both = {"type": "all", "checks": [checker, {"type": "file_contains", "path": "stone.txt", "value": "pin"}]}
+    assert R.score(both, files, answer) == float(passes)
+
+
+def test_answer_set_checker_never_passes_an_empty_set():
+    assert R.score({"type": "answer_set", "values": []}, {}, "") == 0.0
+    assert R.score({"type": "answer_set", "values": ["and"]}, {}, "and") == 0.0
+    assert E.answer_items("12, 12.0 and 013") == {"12.0", "13.0"}  # numbers compared as numbers
+
+
 # ----------------------------------------------------------------------------- parsers (valid calls)
 @pytest.mark.parametrize("hid,reply", [
     ("S0-T0-O0-C0-W0",

@@ -151,9 +151,17 @@ def test_the_default_tasks_are_valid_and_bad_checkers_are_refused(tmp_path, caps
     ok = S.TASK["checker"][0]
     assert ok({"type": "all", "checks": [{"type": "answer_equals", "value": 1},
                                          {"type": "file_contains", "path": "a", "value": "b"}]})
+    assert ok({"type": "answer_set", "values": ["a.txt", "B.txt"]}) and ok({"type": "answer_set", "values": ["7"]})
+    assert ok({"type": "all", "checks": [{"type": "answer_set", "values": ["a.txt"]}]})
     for bad in ({"type": "all", "checks": []}, {"type": "all", "checks": [{"type": "file_equals", "value": "x"}]},
                 {"type": "all", "checks": [["answer_equals"]]}, {"type": ["answer_equals"]}, {"type": "regex"},
-                {"value": 1}, "answer_equals", None):
+                {"value": 1}, "answer_equals", None,
+                # answer_set: a non-empty list of strings, each one item (a separator inside could never match)
+                {"type": "answer_set"}, {"type": "answer_set", "value": "a.txt"}, {"type": "answer_set", "values": []},
+                {"type": "answer_set", "values": "a.txt"}, {"type": "answer_set", "values": [7]},
+                {"type": "answer_set", "values": ["a.txt b.txt"]}, {"type": "answer_set", "values": ["a.txt, b.txt"]},
+                {"type": "answer_set", "values": [""]}, {"type": "answer_set", "values": ["and"]},
+                {"type": "answer_set", "values": ["a.txt", None]}, {"type": "all", "checks": [{"type": "answer_set"}]}):
         assert not ok(bad), bad
     t = H.read_tasks()[0]
     H.write_jsonl(tmp_path / "t.jsonl", [t, dict(t, task_id="b", checker={"type": ["x"]})])
