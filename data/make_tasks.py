@@ -2,9 +2,10 @@
 
     python data/make_tasks.py                       # writes data/train_tasks.jsonl and data/test_tasks.jsonl
     python data/make_tasks.py --seed 1 --n-train 600 --n-test 200 --out-dir /tmp/tasks
+    python -m pytest -q -s tests/test_task_floors.py   # the guessing floors of the committed sets, per family
 
 Same seed, same files (the committed sets are made with the defaults). The generator only
-writes data; the environment that runs and scores the tasks lives in 04_rollout.py.
+writes data; the environment that runs and scores the tasks lives in environment.py (04_rollout.py runs it).
 
 Task schema (one JSON object per line; bring your own tasks in the same shape):
 
@@ -20,33 +21,50 @@ Task schema (one JSON object per line; bring your own tasks in the same shape):
 checker types (reward = success = 1 when the checker passes, else 0: pass/fail, no partial credit):
     answer_equals {value}        the submitted answer equals value (trimmed, case-folded,
                                  whitespace collapsed, a trailing '.' dropped; numbers compared as numbers)
+    answer_set    {values}       the submitted answer, split on commas / semicolons / whitespace / the word "and",
+                                 is the set of values (each item compared as answer_equals does; order free)
     file_equals   {path, value}  the file's final text equals value (surrounding whitespace ignored)
     file_contains {path, value}  the file's final text contains value
     all           {checks: [...]} passes when every sub-check passes (04 keeps each one's 0/1 in `checks`)
 Canonical tools for `solution`: list_files(), read_file(path), search(query),
 write_file(path, content), calculator(expression), submit(answer).
 
-Families (all entities come from small fixed pools so a small BPE makes them single tokens):
-    lookup    read one file among distractors and submit a value; half the tasks name the file by an
-              animal it mentions, so the solution first searches for the animal, then reads the file
-    sum       read 2-3 files, add the values with the calculator, submit the sum
+Families (all entities come from small fixed pools so a small BPE makes them single tokens). The request never
+holds the answer, and no answer is one that a guess could hit often (see "Guessing floors" below):
+    lookup    read the file the request names and submit one key's value; 1-3 distractor files carry the same
+              key with other values, and the named file holds 1-3 other keys as well
+    search    "One file mentions the ANIMAL. What is the KEY in it?": search for the animal, read that file,
+              submit the value; 2-4 distractors carry the same key and mention other animals
+    sum       read 2-3 named files, add the values with the calculator, submit the sum (0-2 distractors carry
+              the key too; the sum is never a number of the workspace)
     edit      set a value in a multi-line file (read it, write it back with one line changed), or copy
-              a line to a new file; then answer "done"
-    multihop  follow "next: FILE" links for 1-3 hops, submit the value at the end
-    search    find which file mentions an animal (search tool), submit the file name
-    count     list the files, submit how many there are
+              a line to a new file; then answer "done" (a guess that writes nothing fails)
+    multihop  follow "next: FILE" links for 1-3 hops, submit the value at the end; 1-2 distractors, the first
+              of which carries the asked key too (a search for the key finds two files: the links must be followed)
+    count     "Which files have a KEY line?": search for "KEY:", submit the 2-4 matching names among 4-7 files
+              (answer_set); at least 2 files do not match, so "all the files" is wrong too
 Files are records of 1-11 short lines: "key: value" lines (every number of a task is distinct, and
 numbers appear only there), at most one "seen: the ANIMAL by the NAME" line (an animal is mentioned in
-one file only), and "tags: NAME NAME ..." filler lines. About half of the files an oracle solution
-reads are long (over 300 characters), so a harness that cuts outputs at 300 characters hides their
-tail, and line numbers, windows and elision change what a policy sees. The line a solution needs
-always ends within the first NEEDED_WITHIN = 250 characters of its file, so it survives every cut in
-the harness space (300) and the out-of-space harnesses (500-1000, line numbers included): every task
-stays solvable under every harness. Edited files are short (<= 250 characters), so the whole file
+one file only), and "tags: NAME NAME ..." filler lines. In about half of the tasks that read files (a
+quarter of the edits), a file the oracle solution reads is long (over 300 characters), so a harness that
+cuts outputs at 300 characters hides its tail, and line numbers, windows and elision change what a policy
+sees. The lines a solution needs always end within the first NEEDED_WITHIN = 250 characters of their file,
+so they survive every cut in the harness space (300) and the out-of-space harnesses (500-1000, line numbers
+included): every task stays solvable under every harness. Edited files are short (<= 250 characters), so the whole file
 that must be written back is visible.
-Difficulty: the number of distractor files (0-3) and the hop count / number of terms.
+Difficulty: the number of distractor files, the hop count, the number of terms, the files to tell apart.
 Train and test sets are disjoint: no test task has the same family, request, files and
 checker as a train task (content is compared, not ids).
+
+Guessing floors (tests/test_task_floors.py; docs/metrics.md has the table): a task must be solved, not guessed.
+On every family's test tasks, each of these passes at most 5%: the constant answer that passes the most training
+tasks of the family, a random file name of the workspace, a random subset of its file names, and any answer
+readable from the request (a word, number or file name of it, or all of it). Why the families look as they do:
+    - answers are values from a pool of 105 numbers (or sets of file names), never a small count: the old
+      "How many files?" (2-5) was passed 8 times in 20 by the constant "4";
+    - an answer is never one file name: the old "Which file mentions the ANIMAL?" was passed by a random
+      file name 1 time in 2-4 (37% of its test tasks); the search family now submits the value in that file;
+    - a set of 2-4 names among 4-7 files is hit by a random subset of the files about 1 time in 15 at worst.
 """
 import argparse
 import json
@@ -69,7 +87,7 @@ VALUES = [12, 17, 23, 31, 38, 42, 47, 55, 58, 64, 71, 76, 83, 89, 94, 105, 118, 
 ANIMALS = ["owl", "fox", "bee", "cat", "elk", "ant", "yak", "eel", "cow", "pig", "bat", "emu"]
 FAMILIES = ["lookup", "sum", "edit", "multihop", "search", "count"]
 LONG = 300  # a long file has more characters than this (O2 cuts tool output at 300)
-NEEDED_WITHIN = 250  # the line a solution needs ends within this many characters of its file
+NEEDED_WITHIN = 250  # the lines a solution needs end within this many characters of their file
 
 
 def call(tool, **args):
@@ -80,8 +98,13 @@ def files_of(names):
     return [n + ".txt" for n in names]
 
 
+def sorted_files(files):
+    """The workspace in name order, so that the file holding the answer is not always the first one stored."""
+    return {name: files[name] for name in sorted(files)}
+
+
 class Pools:
-    """Draws without replacement within one task: every number, key set and animal is distinct."""
+    """Draws without replacement within one task: every number and animal is distinct."""
 
     def __init__(self, rng):
         self.rng = rng
@@ -91,140 +114,194 @@ class Pools:
     def value(self):
         return self.values.pop()
 
+    def reserve(self, number):
+        """No later draw gives `number` (e.g. a sum that must not appear in any file)."""
+        if number in self.values:
+            self.values.remove(number)
+
     def animal(self):
         return self.animals.pop()
 
     def key_lines(self, n, avoid=()):
-        return [f"{k}: {self.value()}" for k in self.rng.sample([k for k in KEYS if k not in avoid], n)]
+        """n "key: value" lines, with distinct keys not in `avoid`."""
+        keys = self.rng.sample([k for k in KEYS if k not in avoid], n)
+        return [f"{k}: {self.value()}" for k in keys]
 
-    def tags(self):
-        return "tags: " + " ".join(self.rng.sample(NAMES, self.rng.randint(4, 6)))
+    def tags(self, fewest=4):
+        """A filler line of 4-6 names (`fewest`-6)."""
+        return "tags: " + " ".join(self.rng.sample(NAMES, self.rng.randint(fewest, 6)))
 
 
-def record(pools, needed=(), extra=(), avoid=(), long=False, seen=False, short=False):
+def record(pools, needed=(), extra=(), avoid=(), long=False, seen=None, short=False):
     """A file's text: the `needed` lines (each ending within NEEDED_WITHIN characters), the `extra` lines,
-    0-2 other key lines (no key of `avoid` or of the lines above), an optional 'seen:' line, and tags
-    lines: 0-1 (none when short), or as many as make the file longer than LONG characters (long)."""
+    0-2 other key lines (no key of `avoid` or of the lines above), a 'seen: the ANIMAL by the NAME' line
+    when `seen` names an animal, and tags lines: 0-1 (none when short), or as many as make the file longer
+    than LONG characters (long)."""
     rng = pools.rng
     used = {line.split(":")[0] for line in list(needed) + list(extra)} | set(avoid)
     lines = list(extra) + pools.key_lines(rng.randint(0, 2), avoid=used)
     if seen:
-        lines.append(f"seen: the {pools.animal()} by the {rng.choice(NAMES)}")
+        lines.append(f"seen: the {seen} by the {rng.choice(NAMES)}")
     if not short:
         lines += [pools.tags() for _ in range(rng.randint(0, 1))]
     rng.shuffle(lines)
-    for line in needed:  # at a random place that keeps it within the first NEEDED_WITHIN characters
-        fits = [i for i in range(len(lines) + 1) if sum(len(x) + 1 for x in lines[:i]) + len(line) <= NEEDED_WITHIN]
+    for k, line in enumerate(needed):  # each at a random place where it ends within NEEDED_WITHIN characters,
+        # keeping room for the needed lines placed after it (one of them may go before it and push it down)
+        room = NEEDED_WITHIN - sum(len(later) + 1 for later in needed[k + 1:])
+        fits = [i for i in range(len(lines) + 1) if sum(len(x) + 1 for x in lines[:i]) + len(line) <= room]
         lines.insert(rng.choice(fits), line)
     while not lines or (long and len("\n".join(lines)) <= LONG):
-        lines.append(pools.tags())
+        lines.append(pools.tags(fewest=5))  # longer filler lines keep a long file within 11 lines
     return "\n".join(lines)
 
 
 def make_lookup(rng):
+    """Read the file the request names; submit the value of the asked key. What makes it hard: 1-3 distractor
+    files carry the same key with other values, and the named file has 1-3 other keys (the right line matters)."""
     p, d = Pools(rng), rng.randint(1, 3)
     target, *others = files_of(rng.sample(NAMES, d + 1))
-    key, by_animal = rng.choice(KEYS), rng.random() < 0.5
+    key = rng.choice(KEYS)
     value = p.value()
-    # by_animal: the request names the file by the animal it mentions (search first, then read)
-    files = {target: record(p, [f"{key}: {value}"], long=rng.random() < 0.5, seen=by_animal)}
-    animal = files[target].split("seen: the ")[1].split()[0] if by_animal else None
+    other_keys = p.key_lines(1, avoid=[key])  # and record() adds 0-2 more
+    files = {target: record(p, [f"{key}: {value}"], extra=other_keys, long=rng.random() < 0.5)}
     for name in others:  # distractors: the same key with another value
-        files[name] = record(p, [f"{key}: {p.value()}"], long=rng.random() < 0.3, seen=by_animal)
-    files = {k: files[k] for k in sorted(files)}  # the target is not always the first file listed
+        files[name] = record(p, [f"{key}: {p.value()}"], long=rng.random() < 0.3)
     answer = str(value)
-    if by_animal:
-        request = f"One file mentions the {animal}. What is the {key} in it? Answer with the number."
-        solution = [call("search", query=animal), call("read_file", path=target), call("submit", answer=answer)]
-    else:
-        request = f"What is the {key} in {target}? Answer with the number."
-        solution = [call("read_file", path=target), call("submit", answer=answer)]
-    return {"request": request, "files": files, "checker": {"type": "answer_equals", "value": answer},
-            "solution": solution, "difficulty": {"distractors": d, "search_first": by_animal}}
+    return {"request": f"What is the {key} in {target}? Answer with the number.",
+            "files": sorted_files(files),
+            "checker": {"type": "answer_equals", "value": answer},
+            "solution": [call("read_file", path=target), call("submit", answer=answer)],
+            "difficulty": {"distractors": d}}
+
+
+def make_search(rng):
+    """One file mentions an animal: find it (search), read it, submit the asked key's value there. What makes it
+    hard: 2-4 distractors carry the same key with other values and mention other animals, so only the file the
+    search finds holds the answer. (The answer is a value, not the file name: a random file name would pass 1 time
+    in 2-4.)"""
+    p, d = Pools(rng), rng.randint(2, 4)
+    target, *others = files_of(rng.sample(NAMES, d + 1))
+    key, animal = rng.choice(KEYS), p.animal()
+    value = p.value()
+    # both lines the solution needs (the animal and the value) end within NEEDED_WITHIN characters
+    seen = f"seen: the {animal} by the {rng.choice(NAMES)}"
+    files = {target: record(p, [f"{key}: {value}", seen], avoid=[key], long=rng.random() < 0.5)}
+    for name in others:  # distractors: the same key with another value, another animal
+        files[name] = record(p, [f"{key}: {p.value()}"], long=rng.random() < 0.3, seen=p.animal())
+    answer = str(value)
+    solution = [call("search", query=animal), call("read_file", path=target), call("submit", answer=answer)]
+    return {"request": f"One file mentions the {animal}. What is the {key} in it? Answer with the number.",
+            "files": sorted_files(files),
+            "checker": {"type": "answer_equals", "value": answer},
+            "solution": solution,
+            "difficulty": {"distractors": d}}
 
 
 def make_sum(rng):
+    """Read 2-3 named files, add the asked key's values with the calculator, submit the sum. 0-2 distractors carry
+    the key too. The sum is never a number of the workspace, so no value copied from a file is right."""
     p, n, d = Pools(rng), rng.randint(2, 3), rng.randint(0, 2)
     names = files_of(rng.sample(NAMES, n + d))
     key = rng.choice(KEYS)
     terms = [p.value() for _ in range(n)]
+    p.reserve(sum(terms))
     long = rng.randrange(2 * n)  # about half of the tasks have one long term file
-    files = {name: record(p, [f"{key}: {v}"], long=i == long) for i, (name, v) in enumerate(zip(names, terms))}
-    for name in names[n:]:
+    files = {}
+    for i, (name, v) in enumerate(zip(names, terms)):
+        files[name] = record(p, [f"{key}: {v}"], long=i == long)
+    for name in names[n:]:  # distractors: the same key, not named in the request
         files[name] = record(p, [f"{key}: {p.value()}"])
     total = str(sum(terms))
     listed = ", ".join(names[:n - 1]) + " and " + names[n - 1]
     solution = [call("read_file", path=f) for f in names[:n]]
     solution += [call("calculator", expression="+".join(map(str, terms))), call("submit", answer=total)]
-    return {"request": f"Add the {key} in {listed}. Answer with the sum.", "files": files,
-            "checker": {"type": "answer_equals", "value": total}, "solution": solution,
+    return {"request": f"Add the {key} in {listed}. Answer with the sum.",
+            "files": sorted_files(files),
+            "checker": {"type": "answer_equals", "value": total},
+            "solution": solution,
             "difficulty": {"distractors": d, "terms": n}}
 
 
 def make_edit(rng):
+    """Change the workspace, then answer "done": the checker needs the file written, so an answer alone fails."""
     p, d = Pools(rng), rng.randint(0, 2)
     key = rng.choice(KEYS)
     if rng.random() < 0.5:  # set a value in place: read the file, write it back with one line changed
         target, *others = files_of(rng.sample(NAMES, d + 1))
         old, new = p.value(), p.value()
-        text = record(p, [f"{key}: {old}"], extra=p.key_lines(rng.randint(1, 2), avoid=[key]), short=True)
+        other_keys = p.key_lines(rng.randint(1, 2), avoid=[key])
+        text = record(p, [f"{key}: {old}"], extra=other_keys, short=True)
         content = text.replace(f"{key}: {old}", f"{key}: {new}")
-        files = {target: text, **{o: record(p, [f"{key}: {p.value()}"]) for o in others}}
+        files = {target: text}
+        for name in others:
+            files[name] = record(p, [f"{key}: {p.value()}"])
         request = f"Set the {key} in {target} to {new}, keep the other lines. Then answer done."
         solution = [call("read_file", path=target), call("write_file", path=target, content=content),
                     call("submit", answer="done")]
     else:  # copy a line to a new file
         src, target, *others = files_of(rng.sample(NAMES, d + 2))
         content = f"{key}: {p.value()}"
-        files = {src: record(p, [content], long=rng.random() < 0.5),
-                 **{o: record(p, [f"{key}: {p.value()}"]) for o in others}}
+        files = {src: record(p, [content], long=rng.random() < 0.5)}
+        for name in others:
+            files[name] = record(p, [f"{key}: {p.value()}"])
         request = f"Copy the {key} line from {src} to a new file {target}. Then answer done."
         solution = [call("read_file", path=src), call("write_file", path=target, content=content),
                     call("submit", answer="done")]
     checker = {"type": "all", "checks": [{"type": "file_equals", "path": target, "value": content},
                                          {"type": "answer_equals", "value": "done"}]}
-    return {"request": request, "files": files, "checker": checker, "solution": solution,
+    return {"request": request,
+            "files": sorted_files(files),
+            "checker": checker,
+            "solution": solution,
             "difficulty": {"distractors": d}}
 
 
 def make_multihop(rng):
-    p, hops, d = Pools(rng), rng.randint(1, 3), rng.randint(0, 2)
+    """Start at the named file, follow "next: FILE" links for 1-3 hops, submit the asked key's value at the end.
+    1-2 distractors: the first carries the asked key with another value (so a search for the key finds two files
+    and the links must be followed); a second one carries a value or links to the first."""
+    p, hops, d = Pools(rng), rng.randint(1, 3), rng.randint(1, 2)
     names = files_of(rng.sample(NAMES, hops + 1 + d))
     chain, others = names[:hops + 1], names[hops + 1:]
     key = rng.choice(KEYS)
     value = p.value()
-    # the asked key stands only at the end of the chain
-    files = {a: record(p, [f"next: {b}"], avoid=[key], short=rng.random() < 0.5) for a, b in zip(chain, chain[1:])}
+    files = {}
+    for a, b in zip(chain, chain[1:]):  # the asked key stands only at the end of the chain
+        files[a] = record(p, [f"next: {b}"], avoid=[key], short=rng.random() < 0.5)
     files[chain[-1]] = record(p, [f"{key}: {value}"], long=rng.random() < 0.5)
-    for o in others:  # distractors: values, or links to a wrong file
-        link = [x for x in others if x != o]
-        files[o] = record(p, [f"next: {rng.choice(link)}"] if link and rng.random() < 0.4 else [f"{key}: {p.value()}"])
+    files[others[0]] = record(p, [f"{key}: {p.value()}"])
+    for name in others[1:]:
+        line = f"next: {others[0]}" if rng.random() < 0.4 else f"{key}: {p.value()}"
+        files[name] = record(p, [line])
     solution = [call("read_file", path=f) for f in chain] + [call("submit", answer=str(value))]
     return {"request": f"Start at {chain[0]} and follow the next links. Answer with the {key} you find.",
-            "files": files, "checker": {"type": "answer_equals", "value": str(value)},
-            "solution": solution, "difficulty": {"distractors": d, "hops": hops}}
-
-
-def make_search(rng):
-    p, d = Pools(rng), rng.randint(1, 3)
-    names = files_of(rng.sample(NAMES, d + 1))
-    files = {name: record(p, seen=True, long=rng.random() < 0.3) for name in names}
-    target = names[0]
-    animal = files[target].split("seen: the ")[1].split()[0]
-    return {"request": f"Which file mentions the {animal}? Answer with the file name.",
-            "files": {k: files[k] for k in sorted(files)},  # the target is not always the first file listed
-            "checker": {"type": "answer_equals", "value": target},
-            "solution": [call("search", query=animal), call("submit", answer=target)],
-            "difficulty": {"distractors": d}}
+            "files": sorted_files(files),
+            "checker": {"type": "answer_equals", "value": str(value)},
+            "solution": solution,
+            "difficulty": {"distractors": d, "hops": hops}}
 
 
 def make_count(rng):
-    p, n = Pools(rng), rng.randint(2, 5)
-    files = {name: record(p) for name in files_of(rng.sample(NAMES, n))}
-    return {"request": "How many files are in the workspace? Answer with the number.", "files": files,
-            "checker": {"type": "answer_equals", "value": str(n)},
-            "solution": [call("list_files"), call("submit", answer=str(n))],
-            "difficulty": {"files": n}}
+    """Which files have a line with the asked key? Search for "KEY:" (one hit a matching file), submit their names.
+    2-4 of 4-7 files match; the others hold other keys only, and at least 2 do not match. The answer is a set of
+    names (answer_set), not a small count: "How many files?" (2-5) was passed 8 times in 20 by the constant "4"."""
+    p, m = Pools(rng), rng.randint(2, 4)
+    n = m + rng.randint(2, 3)
+    names = files_of(rng.sample(NAMES, n))
+    key = rng.choice(KEYS)
+    files = {}
+    for name in names[:m]:
+        files[name] = record(p, [f"{key}: {p.value()}"], long=rng.random() < 0.3)
+    for name in names[m:]:  # every file has key lines: only the asked key tells them apart
+        other_keys = p.key_lines(rng.randint(1, 2), avoid=[key])
+        files[name] = record(p, extra=other_keys, avoid=[key], long=rng.random() < 0.3)
+    matching = sorted(names[:m])
+    solution = [call("search", query=f"{key}:"), call("submit", answer=", ".join(matching))]
+    return {"request": f"Which files have a {key} line? Answer with their names.",
+            "files": sorted_files(files),
+            "checker": {"type": "answer_set", "values": matching},
+            "solution": solution,
+            "difficulty": {"files": n, "matching": m}}
 
 
 MAKERS = {"lookup": make_lookup, "sum": make_sum, "edit": make_edit, "multihop": make_multihop,
