@@ -41,7 +41,8 @@ COMPONENT_NAMES = {"S": "system prompt", "T": "tool interface", "O": "observatio
 
 # ---------------------------------------------------------------------------------------
 # The realisations (the contract's 15). Placeholders in braces are filled by 04: {tool_docs}
-# (T's tools in T's syntax), {workflow_rules} (W.rules), {max_turns}, and {submit}, the name T gives
+# (T's tools in T's syntax, or one line pointing at the declared functions), {workflow_rules} (W.rules), {max_turns},
+# and {submit}, the name T gives
 # the submit tool (so no S realisation names a tool that some T renames: S stays independent of T).
 # ---------------------------------------------------------------------------------------
 S = [
@@ -57,9 +58,14 @@ S = [
 ]
 
 # tools: canonical tool -> {"name": name shown to the model, "args": {canonical arg: shown arg}}
+# declare: how the model learns the tools. "chat_template": as JSON schemas through the chat template's `tools`, the
+# way an OpenAI-compatible server renders them for every real agent framework (the template's tool block asks for
+# <tool_call>{json}</tool_call>, so only the hermes_json syntax declares this way). "system_prompt": signatures and
+# a call example written into S's {tool_docs}, in T's own syntax (the XML and Python syntaxes have no template of
+# their own; a schema block that asks for JSON calls would contradict them).
 T = [
-    {"id": "T0", "desc": "base: Hermes <tool_call>{json}</tool_call>, canonical names, 1 call a turn",
-     "syntax": "hermes_json", "max_calls_per_turn": 1,
+    {"id": "T0", "desc": "base: native function calling (JSON schemas via the chat template, <tool_call> JSON)",
+     "syntax": "hermes_json", "declare": "chat_template", "max_calls_per_turn": 1,
      "tools": {"list_files": {"name": "list_files", "args": {}},
                "read_file": {"name": "read_file", "args": {"path": "path"}},
                "search": {"name": "search", "args": {"query": "query"}},
@@ -67,7 +73,7 @@ T = [
                "calculator": {"name": "calculator", "args": {"expression": "expression"}},
                "submit": {"name": "submit", "args": {"answer": "answer"}}}},
     {"id": "T1", "desc": "XML <invoke name=..><parameter ..>, renamed tools and args, 1 call a turn",
-     "syntax": "xml_invoke", "max_calls_per_turn": 1,
+     "syntax": "xml_invoke", "declare": "system_prompt", "max_calls_per_turn": 1,
      "tools": {"list_files": {"name": "ls", "args": {}},
                "read_file": {"name": "open", "args": {"path": "file"}},
                "search": {"name": "grep", "args": {"query": "pattern"}},
@@ -75,7 +81,7 @@ T = [
                "calculator": {"name": "calc", "args": {"expression": "expr"}},
                "submit": {"name": "final_answer", "args": {"answer": "result"}}}},
     {"id": "T2", "desc": "Python calls name(arg=\"...\"), renamed tools and args, up to 3 calls a turn",
-     "syntax": "python_call", "max_calls_per_turn": 3,
+     "syntax": "python_call", "declare": "system_prompt", "max_calls_per_turn": 3,
      "tools": {"list_files": {"name": "list_dir", "args": {}},
                "read_file": {"name": "cat", "args": {"path": "filename"}},
                "search": {"name": "find", "args": {"query": "text"}},

@@ -33,8 +33,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from environment import ToolError, Workspace, argument, check_results, clip, oracle_reply, safe, score
-from generation import BackendError, KeptEngine, encode, extend_prompt, load_for_generation, scripted_reply
+from environment import TOOL_DOCS, ToolError, Workspace, argument, check_results, clip, oracle_reply, safe, score
+from generation import (BackendError, KeptEngine, ToolTemplate, encode, extend_prompt, load_for_generation,
+                        scripted_reply, tool_call_text)
 from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything, wait_for, write_atomic
 from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, SYNTAXES  # noqa: F401 (the T.syntax names PARSERS reads)
 from schemas import BLACKBOXES, EVAL_ONLY, check_oracle, harness_pool, load_assignment, load_harness_file, load_tasks
@@ -107,8 +108,8 @@ def render_call(T, tool, args):
     spec = T["tools"][tool]
     name, shown = spec["name"], {spec["args"][a]: args[a] for a in CANONICAL[tool]}
     syntax = T["syntax"]
-    if syntax == "hermes_json":
-        return "<tool_call>" + json.dumps({"name": name, "arguments": shown}, ensure_ascii=False) + "</tool_call>"
+    if syntax == "hermes_json":  # as the chat template renders a call (and the bridges' oracle writes it)
+        return tool_call_text(name, shown)
     if syntax == "xml_invoke":
         params = "".join(f'<parameter name="{k}">{v}</parameter>' for k, v in shown.items())
         return f'<invoke name="{name}">{params}</invoke>'
@@ -131,8 +132,31 @@ def shell_command(name, tool, args, quote=True):
     return f"{name} {text} > {args['path']}"
 
 
+def declared_tools(T):
+    """T's tools as JSON schemas for the chat template's `tools` (T.declare "chat_template"), else None. Shaped as
+    pydantic-ai's OpenAIChatModel sends a tool (type, function: name, description, parameters), in the words of
+    environment.TOOL_DOCS, under the names T shows: the base harness declares its tools as the frameworks do."""
+    if T.get("declare") != "chat_template":
+        return None
+    schemas = []
+    for tool, spec in T["tools"].items():
+        description, arg_docs = TOOL_DOCS[tool]
+        properties = {spec["args"][a]: {"description": arg_docs[a], "type": "string"} for a in CANONICAL[tool]}
+        parameters = {"additionalProperties": False, "properties": properties}
+        if properties:
+            parameters["required"] = list(properties)
+        parameters["type"] = "object"
+        schemas.append({"type": "function",
+                        "function": {"name": spec["name"], "description": description, "parameters": parameters}})
+    return schemas
+
+
 def tool_docs(T):
+    """The {tool_docs} text of S's template: the tools in T's syntax, or, where the chat template declares them, the
+    per-reply limit alone."""
     tools, n = T["tools"], T.get("max_calls_per_turn", 1)
+    if T.get("declare") == "chat_template":
+        return f"Call the functions you are given, at most {n} per reply."
     if T["syntax"] == "shell":
         return "\n".join([f"Commands (in a ```sh block, at most {n} per reply):"] + [
             f"{shell_command(tools[t]['name'], t, tools[t]['args'], quote=False)} - {TOOL_HELP[t]}"
@@ -332,6 +356,7 @@ class Episode:
         self.task, self.harness, self.max_turns, self.meta = task, harness, max_turns, meta
         self.S, self.T, self.O, self.C, self.W = (harness["specs"][c] for c in COMPONENTS)
         self.ws = Workspace(task["files"])
+        self.tools = declared_tools(self.T)  # JSON schemas for the chat template, or None (docs in the prompt)
         self.messages = initial_messages(harness, task, max_turns)
         self.n_head = len(self.messages)
         self.turns = self.parse_errors = self.tool_errors = self.workflow_violations = self.workflow_checks = 0
@@ -353,10 +378,11 @@ class Episode:
         the model never sees a re-tokenisation of its own reply and 05 trains the episode as one sequence; where C
         rewrote history (window, elision), the context is rendered afresh and a new sample starts there."""
         context = self.context()
-        ids = extend_prompt(tok, *self.last, context) if self.last else None
+        view = ToolTemplate(tok, self.tools) if self.tools else tok  # T0: the template renders the tools too
+        ids = extend_prompt(view, *self.last, context) if self.last else None
         if ids is None:
             self.rerendered += self.last is not None
-            ids = encode(tok, context)
+            ids = encode(view, context)
         return context, ids
 
     def finish(self, reason):
@@ -459,7 +485,8 @@ class Episode:
                 "tool_errors": self.tool_errors, "workflow_violations": self.workflow_violations,
                 "workflow_checks": self.workflow_checks, "error_turns": self.error_turns,
                 "valid_call_turns": self.valid_call_turns, "submitted_answer": self.ws.answer,
-                "rerendered_turns": self.rerendered, "transcript": self.messages, "model_turns": self.model_turns}
+                "rerendered_turns": self.rerendered, "transcript": self.messages, "tools": self.tools,
+                "model_turns": self.model_turns}
 
 
 # ----------------------------------------------------------------------------- lockstep rollouts

@@ -163,6 +163,22 @@ def workspace_path(path):
     return path
 
 
+# What each tool does, in the words a function-calling agent declares it with: a description, and one per argument.
+# The base harness (T0, JSON schemas through the chat template) and the framework bridges declare the tools in
+# these words, so the base harness and the frameworks differ in prompts, loop and history, not in the tools.
+TOOL_DOCS = {
+    "list_files": ("Lists the names of all files in the workspace, one per line.", {}),
+    "read_file": ("Returns the text of one file of the workspace.", {"path": "the file's name, e.g. notes.txt"}),
+    "search": ("Returns every line of every file that contains the text, as 'file: line'.",
+               {"query": "the text to look for (case is ignored)"}),
+    "write_file": ("Replaces the whole text of a file (creates it if it does not exist).",
+                   {"path": "the file's name, e.g. notes.txt", "content": "the file's new text"}),
+    "calculator": ("Evaluates arithmetic: numbers, + - * / // % ** and parentheses.",
+                   {"expression": "the expression, e.g. 12+30"}),
+    "submit": ("Gives the final answer to the user's request and ends the task.", {"answer": "the answer"}),
+}
+
+
 class Workspace:
     """The task's files in memory; the six canonical tools. Nothing is executed, nothing touches the disk."""
 

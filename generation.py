@@ -420,15 +420,25 @@ def hermes_messages(messages, tools):
 
 
 def template_renders_tools(tok):
-    """Whether the chat template renders `tools` itself (Qwen2.5: yes; SmolLM2 and the toy's ChatML: no)."""
+    """Whether the chat template renders `tools` itself (Qwen2.5: yes; SmolLM2 and the toy's ChatML: no). The answer
+    is kept on the tokenizer with the template it was found for (04 asks at every turn of a T0 episode)."""
+    template = getattr(tok, "chat_template", None)
+    known = getattr(tok, "renders_tools", None)
+    if known is not None and known[0] == template:
+        return known[1]
     probe = {"type": "function", "function": {"name": "probe_tool_4f1c", "description": "",
                                               "parameters": {"type": "object", "properties": {}}}}
     try:
         text = tok.apply_chat_template([{"role": "user", "content": "x"}], tools=[probe], tokenize=False,
                                        add_generation_prompt=True)
+        native = "probe_tool_4f1c" in text
     except Exception:  # a template that fails on tools does not support them
-        return False
-    return "probe_tool_4f1c" in text
+        native = False
+    try:
+        tok.renders_tools = (template, native)
+    except AttributeError:  # a tokenizer-like object that takes no attributes: ask again next time
+        pass
+    return native
 
 
 class ToolTemplate:

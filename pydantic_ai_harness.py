@@ -11,8 +11,9 @@ output tool that ends the run (`submit`), and no system prompt (pydantic-ai ship
 instructions, and we add none). What this file adds:
 
 - Tools: list_files, read_file, search, write_file, calculator as async functions over environment.py's workspace
-  (through smolagents_harness.workspace_call: 04's semantics and limits; descriptions are the smolagents bridge's);
-  a failing call raises ModelRetry (pydantic-ai's way to tell the model). `submit` is the agent's output tool.
+  (through smolagents_harness.workspace_call: 04's semantics and limits; their descriptions are
+  environment.TOOL_DOCS, the words 04's base harness declares them with); a failing call raises ModelRetry
+  (pydantic-ai's way to tell the model). `submit` is the agent's output tool.
 - The model: pydantic-ai's FunctionModel calling one async function per request. It maps pydantic-ai's messages
   to chat messages as pydantic-ai's OpenAIChatModel does for an OpenAI-compatible server (instructions first,
   tool results as role "tool" with ToolReturnPart.model_response_str(), a response's text parts joined by a blank
@@ -39,7 +40,7 @@ from pydantic_ai.models.function import FunctionModel
 
 from generation import (ToolTemplate, encode, extend_prompt, hermes_messages, parse_tool_calls, render,
                         safe_json, sampled_reply, scripted_reply, tool_call_text)
-from environment import check_results, safe, score
+from environment import TOOL_DOCS, check_results, safe, score
 from smolagents_harness import BridgeError  # noqa: F401  (04 uses it through this module)
 from smolagents_harness import (Calculator, ContextLimit, ListFiles, ReadFile, Search, WriteFile, bridge_jobs,
                                 run_jobs, workspace_call)
@@ -85,7 +86,8 @@ def make_tools(ws, retries):
     for f, spec in zip(tools, (ListFiles, ReadFile, Search, WriteFile, Calculator)):
         args = "".join(f"\n    {name}: {arg['description']}" for name, arg in spec.inputs.items())
         f.__doc__ = spec.description + (f"\n\nArgs:{args}" if args else "")
-    submit.__doc__ = "Gives the final answer to the user's request and ends the task.\n\nArgs:\n    answer: the answer"
+    description, args = TOOL_DOCS["submit"]
+    submit.__doc__ = description + "\n\nArgs:\n    answer: " + args["answer"]
     return [Tool(f, max_retries=retries) for f in tools], ToolOutput(submit, name="submit", max_retries=retries)
 
 
@@ -252,7 +254,7 @@ def run_episode(task, model, ws, max_turns, meta, policy, temperature):
             "turns": len(model.sent), "parse_errors": sum(model.parse_failed), "tool_errors": tool_errors,
             "workflow_violations": 0, "workflow_checks": 0, "error_turns": error_turns,
             "valid_call_turns": valid_turns, "submitted_answer": ws.answer, "rerendered_turns": model.rerendered,
-            "transcript": model.transcript(), "model_turns": model.model_turns,
+            "transcript": model.transcript(), "tools": getattr(model, "tools", None), "model_turns": model.model_turns,
             "framework": FRAMEWORK}
 
 

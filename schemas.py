@@ -72,7 +72,7 @@ def list_of(kind, description):
 HARNESS = {
     "S": {"template": (*TEXT, True), "placement": (*one_of("system", "user"), False),
           "task_prefix": (*TEXT_OR_NULL, False)},
-    "T": {"syntax": (*one_of(*SYNTAXES), True),
+    "T": {"syntax": (*one_of(*SYNTAXES), True), "declare": (*one_of("chat_template", "system_prompt"), False),
           "tools": (lambda v: isinstance(v, dict), "an object canonical tool -> {name, args}", True),
           "max_calls_per_turn": (*POSITIVE, False), "final_answer": (*TEXT, False)},
     "O": {"role": (*one_of("tool", "user"), True), "template": (*TEXT, True), "error_template": (*TEXT, True),
@@ -107,6 +107,9 @@ def validate_component(c, spec, where, prefix="", complete=False):
     check_record(spec, table, where, prefix)
     if c == "T":
         validate_tools(spec["tools"], where, prefix + "tools", every=complete)
+        if spec.get("declare") == "chat_template" and spec["syntax"] != "hermes_json":
+            fail(f"{where}: field '{prefix}declare': chat_template declares tools whose calls are <tool_call> JSON "
+                 f"(syntax hermes_json), not {spec['syntax']}; declare them in the system_prompt")
     return spec
 
 
@@ -197,6 +200,9 @@ ROLLOUT = {  # what 04 writes per episode; docs/stages.md explains each field
                     "a list of {prompt_ids, completion_ids, logprobs}", True),  # empty: the oracle without tokenizer
     "sampler": (lambda v: v is None or isinstance(v, dict), "an object {backend, dtype, ...} or null", True),
     "framework": (*TEXT, False),  # only the smolagents harness's episodes
+    # the tools the chat template declared (T0: JSON schemas), null where the prompt's text declares them
+    "tools": (lambda v: v is None or isinstance(v, list) and all(isinstance(t, dict) for t in v),
+              "a list of tool schemas or null", False),
 }
 # 05 also trains on records 04 did not write (hand-made demonstrations, rewards of another scale: GRPO and PPO
 # normalise them), so its reading lifts the reward's [0, 1] bound.

@@ -47,7 +47,7 @@ from smolagents.memory import ActionStep
 from smolagents.models import get_clean_message_list, tool_role_conversions
 from tqdm import tqdm
 
-from environment import Workspace, argument, check_results, safe, score
+from environment import TOOL_DOCS, Workspace, argument, check_results, safe, score
 from generation import encode, extend_prompt
 
 HARNESS_ID = "X-smolagents"
@@ -83,41 +83,42 @@ class WorkspaceTool(Tool):
         return workspace_call(self.ws, tool, **args)
 
 
+def described(tool):
+    """A smolagents Tool's name, description and inputs from environment.TOOL_DOCS (the words every harness uses)."""
+    description, args = TOOL_DOCS[tool]
+    return tool, description, {a: {"type": "string", "description": d} for a, d in args.items()}
+
+
 class ListFiles(WorkspaceTool):
-    name, description, inputs = "list_files", "Lists the names of all files in the workspace, one per line.", {}
+    name, description, inputs = described("list_files")
 
     def forward(self):
         return self.call_workspace("list_files")
 
 
 class ReadFile(WorkspaceTool):
-    name, description = "read_file", "Returns the text of one file of the workspace."
-    inputs = {"path": {"type": "string", "description": "the file's name, e.g. notes.txt"}}
+    name, description, inputs = described("read_file")
 
     def forward(self, path):
         return self.call_workspace("read_file", path=path)
 
 
 class Search(WorkspaceTool):
-    name, description = "search", "Returns every line of every file that contains the text, as 'file: line'."
-    inputs = {"query": {"type": "string", "description": "the text to look for (case is ignored)"}}
+    name, description, inputs = described("search")
 
     def forward(self, query):
         return self.call_workspace("search", query=query)
 
 
 class WriteFile(WorkspaceTool):
-    name, description = "write_file", "Replaces the whole text of a file (creates it if it does not exist)."
-    inputs = {"path": {"type": "string", "description": "the file's name, e.g. notes.txt"},
-              "content": {"type": "string", "description": "the file's new text"}}
+    name, description, inputs = described("write_file")
 
     def forward(self, path, content):
         return self.call_workspace("write_file", path=path, content=content)
 
 
 class Calculator(WorkspaceTool):
-    name, description = "calculator", "Evaluates arithmetic: numbers, + - * / // % ** and parentheses."
-    inputs = {"expression": {"type": "string", "description": "the expression, e.g. 12+30"}}
+    name, description, inputs = described("calculator")
 
     def forward(self, expression):
         return self.call_workspace("calculator", expression=expression)
@@ -295,8 +296,9 @@ def run_episode(task, model, ws, max_turns, meta, policy, temperature):
             "valid_call_turns": [s.step_number for s in steps if s.error is None and (s.tool_calls or
                                                                                      s.is_final_answer)],
             "submitted_answer": ws.answer, "rerendered_turns": model.rerendered,
-            "transcript": plain_messages(agent.write_memory_to_messages()), "model_turns": model.model_turns,
-            "framework": FRAMEWORK}
+            "transcript": plain_messages(agent.write_memory_to_messages()),
+            "tools": getattr(model, "tools", None) or None,  # the schemas sent (native mode); text mode: in its prompt
+            "model_turns": model.model_turns, "framework": FRAMEWORK}
 
 
 def eval_meta(harness_id):

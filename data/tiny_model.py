@@ -5,9 +5,10 @@ hub model.
     python data/tiny_model.py --out runs/toy/tiny --corpus demos_text.jsonl data/train_tasks.jsonl
     python data/tiny_model.py --out /tmp/tiny --corpus data/train_tasks.jsonl --layers 1 --dim 16 --heads 2
 
-The tokenizer is trained on every string of the JSONL corpus files (keys and values, at any depth) plus the four
-role names; the pre-tokenizer splits letters, digits, whitespace and punctuation apart, so a word or a number of
-the corpus (a file name, a value) becomes one token wherever it stands. Chat template: ChatML (<|im_start|>role
+The tokenizer is trained on every string of the JSONL corpus files (keys and values, at any depth: 04's records
+hold the tools a harness declared through the chat template) plus the four role names and the template's tool
+block; the pre-tokenizer splits letters, digits, whitespace and punctuation apart, so a word or a number of the
+corpus (a file name, a value) becomes one token wherever it stands. Chat template: ChatML (<|im_start|>role
 ... <|im_end|>), eos <|im_end|>, pad <|endoftext|>. The same corpus and --seed give byte-identical files. Writes
 <out>/ (config.json, generation_config.json, model.safetensors, tokenizer files, tiny_model_config.json), built
 under a temporary name and renamed last; an existing <out> is replaced.
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # plumbing.py, in the repository root
+from generation import HERMES_TOOLS  # noqa: E402
 from plumbing import fail, read_text, write_atomic  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -82,7 +84,7 @@ def check_inputs(args):
             fail(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be >= 1")
     if args.dim % args.heads:
         fail(f"--dim {args.dim} must be a multiple of --heads {args.heads}")
-    texts = list(ROLES)
+    texts = list(ROLES) + [HERMES_TOOLS]  # the tool block the chat template adds where a harness declares tools there
     for f in args.corpus:
         for n, line in enumerate(read_text(f).splitlines(), 1):  # a corpus line may be any JSON value
             try:
@@ -90,7 +92,7 @@ def check_inputs(args):
             except json.JSONDecodeError as e:
                 fail(f"{f}:{n}: malformed JSON ({e.msg})")
             collect_strings(value, texts)
-    if len(texts) == len(ROLES):
+    if len(texts) == len(ROLES) + 1:
         fail(f"corpus {' '.join(args.corpus)}: no strings found")
     return texts
 

@@ -53,8 +53,9 @@ W_SPECS = [
 
 def components():
     S = [{"id": f"S{i}", "desc": "s", "template": t} for i, t in enumerate(S_TEMPLATES)]
-    T = [{"id": f"T{i}", "desc": "t", "syntax": syn, "max_calls_per_turn": n,
-          "tools": {k: {"name": name, "args": dict(args)} for k, (name, args) in tools.items()}}
+    # T0 declares its tools through the chat template (JSON schemas), T1 and T2 in the system prompt
+    T = [{"id": f"T{i}", "desc": "t", "syntax": syn, "declare": "chat_template" if i == 0 else "system_prompt",
+          "max_calls_per_turn": n, "tools": {k: {"name": name, "args": dict(args)} for k, (name, args) in tools.items()}}
          for i, (syn, n, tools) in enumerate(T_RENAMES)]
     return {c: [dict(spec, id=f"{c}{i}", desc=c) if c in "OCW" else spec for i, spec in enumerate(specs)]
             for c, specs in zip("STOCW", (S, T, O_SPECS, C_SPECS, W_SPECS))}
@@ -107,7 +108,11 @@ def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    corpus = [json.dumps(t) for t in read_tasks()] + S_TEMPLATES + [json.dumps(T_RENAMES)]
+    from environment import TOOL_DOCS
+    from generation import HERMES_TOOLS
+    # the tasks, the harness texts, and the tool block T0's chat template adds (data/tiny_model.py does the same)
+    corpus = [json.dumps(t) for t in read_tasks()] + S_TEMPLATES + [json.dumps(T_RENAMES), HERMES_TOOLS,
+                                                                   json.dumps(TOOL_DOCS)]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()

@@ -12,7 +12,7 @@ LETTERS = ["S", "T", "O", "C", "W"]
 # Field names as the contract spells them (typed here, not taken from the code).
 CONTRACT_FIELDS = {
     "S": {"id", "desc", "template"},
-    "T": {"id", "desc", "syntax", "max_calls_per_turn", "tools"},
+    "T": {"id", "desc", "syntax", "declare", "max_calls_per_turn", "tools"},
     "O": {"id", "desc", "role", "template", "error_template", "max_chars", "truncate_marker", "line_numbers"},
     "C": {"id", "desc", "mode", "k", "elided_text"},
     "W": {"id", "desc", "rules", "plan_first", "plan_prefix", "budget_reminder", "verify_before_submit",
@@ -74,6 +74,8 @@ def test_realisations_follow_the_contract(run01):
     t = comps["T"]
     assert [x["syntax"] for x in t] == ["hermes_json", "xml_invoke", "python_call"]
     assert [x["max_calls_per_turn"] for x in t] == [1, 1, 3]
+    # the base declares its tools as every framework does (JSON schemas via the chat template); T1, T2 in the prompt
+    assert [x["declare"] for x in t] == ["chat_template", "system_prompt", "system_prompt"]
     assert t[1]["tools"]["read_file"] == {"name": "open", "args": {"path": "file"}}
     assert t[1]["tools"]["submit"] == {"name": "final_answer", "args": {"answer": "result"}}
     assert t[2]["tools"]["write_file"] == {"name": "write", "args": {"path": "filename", "content": "body"}}

@@ -380,19 +380,33 @@ def test_full_history_and_user_placement_head():
 
 
 def test_system_prompt_rendering_of_the_base_harness():
-    """The base harness's system text, written out by hand from the contract's S0 template."""
+    """The base harness's system text, written out by hand from the contract's S0 template: its tools are declared
+    through the chat template (test_base_harness_declares_tools_as_the_frameworks), so S0's {tool_docs} holds only
+    the per-reply limit."""
     ep = episode("S0-T0-O0-C0-W0")
     assert ep.messages[0] == {"role": "system", "content": (
+        "You are an agent in a small file workspace. Solve the user's task with the tools.\n"
+        "Call the functions you are given, at most 1 per reply.\n"
+        "When you know the answer, call submit.")}
+    assert ep.messages[1] == {"role": "user", "content": TASK["request"]}
+    s1 = episode("S1-T0-O0-C0-W1", max_turns=5).messages[0]["content"]
+    assert s1 == ("Rules: finish with submit; at most 5 replies.\nStart your first reply with a line 'Plan: ...'.\n"
+                  "Tools:\nCall the functions you are given, at most 1 per reply.")
+
+
+def test_a_hermes_harness_that_declares_its_tools_in_the_prompt_writes_signatures():
+    """An out-of-space harness file with the JSON call syntax and no `declare` field: the tools as prose signatures
+    and a call example in the system prompt, as 04 declared them before the base spoke the frameworks' language."""
+    h = copy.deepcopy(SPACE["S0-T0-O0-C0-W0"])
+    del h["specs"]["T"]["declare"]
+    assert R.declared_tools(h["specs"]["T"]) is None
+    assert R.initial_messages(h, TASK, 6)[0]["content"] == (
         "You are an agent in a small file workspace. Solve the user's task with the tools.\n"
         "- list_files(): list all files\n- read_file(path): show a file\n- search(query): show lines that contain it\n"
         "- write_file(path, content): replace a file's text\n- calculator(expression): do arithmetic\n"
         "- submit(answer): give the final answer\nCall format (at most 1 per reply):\n"
-        '<tool_call>{"name": "read_file", "arguments": {"path": "a.txt"}}</tool_call>\n'
-        "When you know the answer, call submit.")}
-    assert ep.messages[1] == {"role": "user", "content": TASK["request"]}
-    s1 = episode("S1-T0-O0-C0-W1", max_turns=5).messages[0]["content"]
-    assert s1.startswith("Rules: finish with submit; at most 5 replies.\n"
-                         "Start your first reply with a line 'Plan: ...'.\nTools:\n- list_files(): ")
+        '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call>\n'
+        "When you know the answer, call submit.")
 
 
 def test_builtin_external_harnesses_come_from_the_data_file():

