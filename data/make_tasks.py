@@ -35,7 +35,7 @@ holds the answer, and no answer is one that a guess could hit often (see "Guessi
               key with other values, and the named file holds 1-3 other keys as well
     search    "One file mentions the ANIMAL. What is the KEY in it?": search for the animal, read that file,
               submit the value; 2-4 distractors carry the same key and mention other animals
-    sum       read 2-3 named files, add the values with the calculator, submit the sum (0-2 distractors carry
+    sum       read 2 named files, add the values with the calculator, submit the sum (0-2 distractors carry
               the key too; the sum is never a number of the workspace)
     edit      set a value in a multi-line file (read it, write it back with one line changed), or copy
               a line to a new file; then answer "done" (a guess that writes nothing fails)
@@ -52,7 +52,7 @@ sees. The lines a solution needs always end within the first NEEDED_WITHIN = 250
 so they survive every cut in the harness space (300) and the out-of-space harnesses (500-1000, line numbers
 included): every task stays solvable under every harness. Edited files are short (<= 250 characters), so the whole file
 that must be written back is visible.
-Difficulty: the number of distractor files, the hop count, the number of terms, the files to tell apart.
+Difficulty: the number of distractor files, the hop count, the files to tell apart (a sum has SUM_TERMS terms).
 Train and test sets are disjoint: no test task has the same family, request, files and
 checker as a train task (content is compared, not ids).
 
@@ -88,6 +88,9 @@ ANIMALS = ["owl", "fox", "bee", "cat", "elk", "ant", "yak", "eel", "cow", "pig",
 FAMILIES = ["lookup", "sum", "edit", "multihop", "search", "count"]
 LONG = 300  # a long file has more characters than this (O2 cuts tool output at 300)
 NEEDED_WITHIN = 250  # the lines a solution needs end within this many characters of their file
+# Terms of a sum task, calibrated on training tasks (results/calibration): with 2-3 terms the warm start solved
+# 1 of 20 sum training tasks on the base harness (the band is 10-70%), most 3-term ones failing at the calculator.
+SUM_TERMS = 2
 
 
 def call(tool, **args):
@@ -198,9 +201,9 @@ def make_search(rng):
 
 
 def make_sum(rng):
-    """Read 2-3 named files, add the asked key's values with the calculator, submit the sum. 0-2 distractors carry
-    the key too. The sum is never a number of the workspace, so no value copied from a file is right."""
-    p, n, d = Pools(rng), rng.randint(2, 3), rng.randint(0, 2)
+    """Read SUM_TERMS named files, add the asked key's values with the calculator, submit the sum. 0-2 distractors
+    carry the key too. The sum is never a number of the workspace, so no value copied from a file is right."""
+    p, n, d = Pools(rng), SUM_TERMS, rng.randint(0, 2)
     names = files_of(rng.sample(NAMES, n + d))
     key = rng.choice(KEYS)
     terms = [p.value() for _ in range(n)]
