@@ -56,12 +56,14 @@ def main(argv=None):
     p.add_argument("--max-turns", type=int, default=5)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--out", required=True, help="the markdown report (the episodes go beside it, .jsonl)")
+    p.add_argument("--out", required=True, help="the markdown report (small: it goes under results/)")
+    p.add_argument("--work", default="runs/calibration", help="where the tasks and episodes go (large: not results/)")
     args = p.parse_args(argv)
 
-    out = Path(args.out)
+    out, work = Path(args.out), Path(args.work)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tasks_file, episodes = out.with_suffix(".tasks.jsonl"), out.with_suffix(".jsonl")
+    work.mkdir(parents=True, exist_ok=True)
+    tasks_file, episodes = work / (out.stem + ".tasks.jsonl"), work / (out.stem + ".jsonl")
     write_atomic(tasks_file, jsonl_text(calibration_tasks(args.tasks, args.skip, args.per_family)))
     cmd = [sys.executable, str(ROOT / "04_rollout.py"), "--run", args.run, "--eval", "--policy", args.policy,
            "--harnesses", args.harness, "--tasks", str(tasks_file), "--out", str(episodes), "--backend", args.backend,
