@@ -39,8 +39,11 @@ from pathlib import Path
 from intervals import bootstrap_ci, fmt, pass1_ci, sign_test
 from ledger import compute_of, read_records
 from plumbing import fail, locked, read_json, read_jsonl, write_atomic
-# per-task values as exact fractions (a tie is a tie), one copy for both programs that compare tasks
-from transfer_curve import exact_pair_means, exact_task_means, mean, transfer_curve
+# per-task values as exact fractions (a tie is a tie), and the splits of held-out pairs by Hamming distance and by
+# task family: one copy for both programs that compare tasks
+from transfer_curve import (cell_of, exact_pair_means, exact_task_means, families_of, levels_of, mean,
+                            pairs_by_distance, pairs_by_family, transfer_curve)
+from transfer_curve import distance_to, hamming  # noqa: F401 (not called here: compare.hamming for readers, tests)
 
 # the columns, as 06 writes them (RUN/eval/<label>/<split>.jsonl): Base, In-Space, the framework columns with
 # native tool calls, the unseen-call-syntax columns; a framework column's harness id is its bridge's
@@ -51,7 +54,6 @@ SPLIT_NAMES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "smol
 # table titles: {fw} = the framework and version the episodes recorded, {ids} = the column's harness ids
 SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "{fw} native", "pydantic-ai": "{fw}",
                 "external": "Unseen syntax: {ids}", "smolagents": "Unseen syntax: {fw} text"}
-COMPONENTS = ["S", "T", "O", "C", "W"]
 # rows must agree on these (the engine too: an hf row and a vLLM row, or bf16 and fp32, or two context lengths,
 # sample different episodes from the same weights)
 SAME_CONFIG = ["samples", "temperature", "max_turns", "max_new_tokens", "backend", "dtype", "max_model_len"]
@@ -98,14 +100,6 @@ def parse_args(argv=None):
     if args.ledger and not args.out:
         p.error("--ledger needs --out PREFIX (where the tables go)")
     return args
-
-
-def levels_of(harness_id):
-    """'S0-T2-O1-C0-W1' -> {'S': 0, 'T': 2, ...}; None for an out-of-space harness id."""
-    parts = harness_id.split("-")
-    if len(parts) != len(COMPONENTS) or any(p[:1] != c or not p[1:].isdigit() for p, c in zip(parts, COMPONENTS)):
-        return None
-    return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
 
 
 def split_title(split, summaries, ids):
@@ -164,7 +158,7 @@ def load_evaldir(evaldir, summary, excluded):
         episodes = [e for _, e in read_jsonl(evaldir / f"{split}.jsonl", required=("task_id", "harness_id", "success"))
                     if not (split == "external" and e["harness_id"] in excluded)]
         pairs[split] = exact_pair_means(episodes)
-        families.update({e["task_id"]: e["family"] for e in episodes if e.get("family")})
+        families.update(families_of(episodes))
     return pairs, families
 
 
@@ -341,27 +335,8 @@ def paired_rows(rows, ref, splits, args):
 
 
 # ----------------------------------------------------------------------------- In-Space by distance and by family
-def hamming(a, b):
-    """d_H(a, b) = sum_c [a(c) != b(c)]: the components on which two harness ids of the space differ."""
-    la, lb = levels_of(a), levels_of(b)
-    return sum(la[c] != lb[c] for c in COMPONENTS)
-
-
-def distance_to(harness, train_ids):
-    """A harness's Hamming distance to a training set: to the set's nearest member in the space (an out-of-space id
-    such as X-pydantic-ai has no distance); None when no member is in the space."""
-    in_space = [h for h in train_ids if levels_of(h) is not None]
-    return min(hamming(harness, h) for h in in_space) if in_space else None
-
-
-def cell_of(pairs):
-    """pass@1 of some {(task, ...): value} pairs with its 95% interval over tasks (the independent units)."""
-    tasks = sorted({t for t, _ in pairs})
-    ci, method = pass1_ci([float(x) for x in exact_task_means(pairs, tasks)])
-    return {"pass@1": mean(pairs.values()), "ci95": ci, "ci_method": method, "tasks": len(tasks),
-            "pairs": len(pairs)}
-
-
+# levels_of, hamming, distance_to, pairs_by_distance, pairs_by_family and cell_of live in transfer_curve.py, which
+# splits its held-out line the same two ways.
 def by_distance(r):
     """A row's In-Space pass@1 split by each evaluation harness's distance to the row's OWN training set (its
     summaries' train_ids: the base alone for single, the OA-18 for harness-scaling, the warm start's set for the
@@ -370,11 +345,11 @@ def by_distance(r):
     pairs at d. -> [{distance, pass@1, ci95, ..., harness_ids}], or None for a row trained on no harness of H."""
     at = {}  # d -> {(task, (replicate, harness)): value}
     for i, rep in enumerate(r["replicates"]):
-        for (task, h), v in rep["pairs"]["inspace"].items():
-            d = distance_to(h, rep["train_ids"])
-            if d is None:
-                return None
-            at.setdefault(d, {})[(task, (i, h))] = v
+        split = pairs_by_distance(rep["pairs"]["inspace"], rep["train_ids"])  # this seed's own distances
+        if split is None:
+            return None
+        for d, pairs in split.items():
+            at.setdefault(d, {}).update({(task, (i, h)): v for (task, h), v in pairs.items()})
     return [{"distance": d, **cell_of(p), "harness_ids": sorted({h for _, (_, h) in p})}
             for d, p in sorted(at.items())]
 
@@ -384,13 +359,13 @@ def by_family(r, ref, args):
     (both rows have the same pairs). -> [{family, pass@1, ci95, ..., diff_vs_reference, ...}], or None when the
     episodes record no family."""
     families = ref["families"]  # {task: family}: the same tasks in every row (common ground)
-    pairs, theirs = r["pairs"]["inspace"], ref["pairs"]["inspace"]
-    if not all(t in families for t, _ in pairs):
+    split = pairs_by_family(r["pairs"]["inspace"], families)
+    if split is None:
         return None
+    theirs = ref["pairs"]["inspace"]
     out = []
-    for family in sorted(set(families[t] for t, _ in pairs)):
-        tasks = sorted({t for t, _ in pairs if families[t] == family})
-        mine = {k: v for k, v in pairs.items() if families[k[0]] == family}
+    for family, mine in split.items():
+        tasks = sorted({t for t, _ in mine})
         diff = paired_difference(exact_task_means(mine, tasks), exact_task_means(theirs, tasks), args) \
             if r is not ref else {"diff_vs_reference": None}
         out.append({"family": family, **cell_of(mine), **diff})

@@ -16,7 +16,9 @@ For every method and checkpoint, two lines, each pass@1 over tasks with its 95% 
 and each point's paired change since the warm start (iteration 0), with the exact sign test over tasks. Between
 methods (the first against each other), the held-out lines' paired difference at each common checkpoint. And how
 the episodes of each point end (solved, a wrong answer submitted, never submitted; parse and tool errors): which
-failure RL removes first.
+failure RL removes first. Then the held-out line split two ways, as compare.py splits its In-Space column (the same
+helpers): by the Hamming distance of each held-out harness to the method's own training set, at every checkpoint,
+and by task family, at the first and the last checkpoint with the paired change between them.
 
 ITEM: NAME=RUN[,RUN...] (several RUNs: seed replicates of one method, a pair's success averaged over them).
 Reads   RUN/curve/iter-NNN.jsonl (04 --eval: task_id, harness_id, success, finish_reason, turns, parse_errors,
@@ -68,8 +70,9 @@ def read_checkpoint(path):
 
 
 def load_method(name, runs, eval_ids):
-    """{iteration: {"trained": pairs, "held-out": pairs}}, each pairs {(task, harness): success averaged over
-    replicates}; the checkpoints, tasks and training harnesses must agree across replicates."""
+    """{"points": {iteration: {"trained": pairs, "held-out": pairs, "ends": ...}}, "train_ids": the training
+    harnesses, "families": {task: family}}, each pairs {(task, harness): success averaged over replicates}; the
+    checkpoints, tasks and training harnesses must agree across replicates."""
     points, trained = None, None
     per_run = []
     for run in runs:
@@ -85,9 +88,10 @@ def load_method(name, runs, eval_ids):
             fail(f"{run}: other checkpoints or training harnesses than {runs[0]} (replicates of {name} must match)")
         points, trained = sorted(files), ids
         per_run.append({t: read_checkpoint(f) for t, f in files.items()})
-    out = {}
+    out, families = {}, {}
     for t in points:
         episodes = [e for r in per_run for e in r[t]]
+        families.update(families_of(episodes))  # for the held-out line split by task family
         lines = {"trained": [e for e in episodes if e["harness_id"] in trained],
                  "held-out": [e for e in episodes if e["harness_id"] in eval_ids]}
         for line, eps in lines.items():
@@ -101,7 +105,7 @@ def load_method(name, runs, eval_ids):
             if set(out[t][line]) != first:
                 fail(f"{runs[0] / 'curve' / f'iter-{t:03d}.jsonl'}: its {line} (task, harness) pairs differ from "
                      f"iteration {points[0]}'s (the curve compares checkpoints on the same tasks and harnesses)")
-    return out
+    return {"points": out, "train_ids": sorted(trained), "families": families}
 
 
 # ---- the algorithm ----
@@ -129,6 +133,72 @@ def mean(values):
     """The mean of exact values, as a float for the tables."""
     values = list(values)
     return float(sum(values, Fraction(0)) / len(values))
+
+
+# ---- held-out pairs split by distance and by task family ----
+# compare.py splits its In-Space column with these as well (one copy: compare.py imports this file, not the other
+# way round).
+COMPONENTS = ["S", "T", "O", "C", "W"]
+
+
+def levels_of(harness_id):
+    """'S0-T2-O1-C0-W1' -> {'S': 0, 'T': 2, ...}; None for an out-of-space harness id."""
+    parts = harness_id.split("-")
+    if len(parts) != len(COMPONENTS) or any(p[:1] != c or not p[1:].isdigit() for p, c in zip(parts, COMPONENTS)):
+        return None
+    return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
+
+
+def hamming(a, b):
+    """d_H(a, b) = sum_c [a(c) != b(c)]: the components on which two harness ids of the space differ."""
+    la, lb = levels_of(a), levels_of(b)
+    return sum(la[c] != lb[c] for c in COMPONENTS)
+
+
+def distance_to(harness, train_ids):
+    """A harness's Hamming distance to a training set: to the set's nearest member in the space (an out-of-space id
+    such as X-pydantic-ai has no distance); None when no member is in the space, or the harness itself is not."""
+    in_space = [h for h in train_ids if levels_of(h) is not None]
+    if not in_space or levels_of(harness) is None:
+        return None
+    return min(hamming(harness, h) for h in in_space)
+
+
+def pairs_by_distance(pairs, train_ids):
+    """{(task, harness): value} -> {d: the pairs whose harness lies at Hamming distance d from train_ids}, by
+    increasing d; None when some harness has no distance (a training set with no harness of the space, or a
+    harness outside it)."""
+    at = {}
+    for (task, h), v in pairs.items():
+        d = distance_to(h, train_ids)
+        if d is None:
+            return None
+        at.setdefault(d, {})[(task, h)] = v
+    return dict(sorted(at.items()))
+
+
+def families_of(episodes):
+    """{task_id: family} from the episodes that record one (04 writes it)."""
+    return {e["task_id"]: e["family"] for e in episodes if e.get("family")}
+
+
+def pairs_by_family(pairs, families):
+    """{(task, ...): value} -> {family: the pairs of its tasks}, families in name order; None when some task has
+    no family (episodes written before 04 recorded it)."""
+    if not all(t in families for t, _ in pairs):
+        return None
+    out = {}
+    for family in sorted({families[t] for t, _ in pairs}):
+        out[family] = {k: v for k, v in pairs.items() if families[k[0]] == family}
+    return out
+
+
+def cell_of(pairs):
+    """pass@1 of some {(task, ...): value} pairs with its 95% interval over tasks (the independent units)."""
+    tasks = sorted({t for t, _ in pairs})
+    ci, method = pass1_ci([float(x) for x in exact_task_means(pairs, tasks)])
+    return {"pass@1": mean(pairs.values()), "ci95": ci, "ci_method": method, "tasks": len(tasks),
+            "pairs": len(pairs)}
 
 
 def how_episodes_end(episodes):
@@ -183,12 +253,58 @@ def between(ref, other):
     return out
 
 
-def cell(x):
+def held_out_by_distance(method):
+    """The held-out line at each checkpoint split by each held-out harness's Hamming distance to the method's OWN
+    training set (the base harness alone for single: distances 1-5; the OA-18 for harness-scaling: 1-2). Does the
+    gain reach the harnesses far from what the method trained on, or only the near ones?
+    -> [{"iteration", "distances": [{distance, pass@1, ci95, ..., harness_ids}]}], or None for a method trained on
+    no harness of the space."""
+    rows = []
+    for t, point in sorted(method["points"].items()):
+        at = pairs_by_distance(point["held-out"], method["train_ids"])
+        if at is None:
+            return None
+        rows.append({"iteration": t,
+                     "distances": [{"distance": d, **cell_of(pairs), "harness_ids": sorted({h for _, h in pairs})}
+                                   for d, pairs in at.items()]})
+    return rows
+
+
+def held_out_by_family(method):
+    """The held-out line per task family at the first and the last checkpoint, with the paired change between them
+    over the family's tasks (exact per-task values, exact sign test): which families RL improved under harnesses
+    it never saw. -> [{family, tasks, first, last, change}], or None when the episodes record no family."""
+    points = method["points"]
+    first, last = min(points), max(points)
+    before = pairs_by_family(points[first]["held-out"], method["families"])
+    after = pairs_by_family(points[last]["held-out"], method["families"])
+    if before is None or after is None:
+        return None
+    out = []
+    for family, pairs in before.items():  # every checkpoint has the same (task, harness) pairs (load_method)
+        tasks = sorted({t for t, _ in pairs})
+        change = paired(exact_task_means(after[family], tasks), exact_task_means(pairs, tasks))
+        out.append({"family": family, "tasks": len(tasks),
+                    "first": {"iteration": first, **cell_of(pairs)},
+                    "last": {"iteration": last, **cell_of(after[family])},
+                    "change": change if last != first else None})  # a curve of one checkpoint: no change
+    return out
+
+
+def with_interval(x):
+    """'pass@1 [lo, hi]' in %."""
     lo, hi = x["ci95"]
-    s = f"{100 * x['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+    return f"{100 * x['pass@1']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def change_text(c):
+    """A paired change in points: '+4.7 (9 / 3, p 0.15)' (tasks better / worse, p of the sign test)."""
+    return f"{100 * c['diff']:+.1f} ({c['better_tasks']} / {c['worse_tasks']}, p {c['sign_test_p']:.2g})"
+
+
+def cell(x):
     c = x["since_start"]
-    return s + (f" | {100 * c['diff']:+.1f} ({c['better_tasks']} / {c['worse_tasks']}, p {c['sign_test_p']:.2g})"
-                if c else " | start")
+    return with_interval(x) + (f" | {change_text(c)}" if c else " | start")
 
 
 def markdown(report):
@@ -216,7 +332,52 @@ def markdown(report):
                   "| iteration | Δ points | tasks better / worse | sign test p |", "| --- | --- | --- | --- |"]
         lines += [f"| {r['iteration']} | {100 * r['diff']:+.1f} | {r['better_tasks']} / {r['worse_tasks']} | "
                   f"{r['sign_test_p']:.2g} |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + distance_markdown(report) + family_markdown(report)) + "\n"
+
+
+def distance_markdown(report):
+    """The table of held_out_by_distance: a row per method and checkpoint, a column per distance. -> lines."""
+    methods = {name: m for name, m in report["methods"].items() if m["held_out_by_distance"]}
+    if not methods:
+        return []
+    ds = sorted({c["distance"] for m in methods.values() for row in m["held_out_by_distance"]
+                 for c in row["distances"]})
+    lines = ["", "## Held-out by Hamming distance to the method's own training set", "",
+             "Held-out pass@1 in % [95% interval over tasks] on the held-out harnesses at Hamming distance d from the "
+             "nearest harness the method trained on (its own training set: the base harness alone for single, the "
+             "OA-18 for harness-scaling); (N h): the held-out harnesses at d. Not paired across methods: each "
+             "method's harnesses at d are its own.", "",
+             "| method | iteration | " + " | ".join(f"d = {d}" for d in ds) + " |",
+             "| --- | --- |" + " --- |" * len(ds)]
+    for name, m in methods.items():
+        for row in m["held_out_by_distance"]:
+            cells = {c["distance"]: f"{with_interval(c)} ({len(c['harness_ids'])} h)" for c in row["distances"]}
+            lines.append(f"| {name} | {row['iteration']} | " + " | ".join(cells.get(d, "-") for d in ds) + " |")
+    return lines
+
+
+def family_markdown(report):
+    """The table of held_out_by_family: a row per method, a column per family (first -> last checkpoint, paired
+    change). -> lines."""
+    methods = {name: m for name, m in report["methods"].items() if m["held_out_by_family"]}
+    if not methods:
+        return []
+    first = next(iter(methods.values()))["held_out_by_family"]
+    families = [(c["family"], c["tasks"]) for c in first]  # the same tasks in every method (between() checks)
+    lines = ["", "## Held-out by task family", "",
+             "Held-out pass@1 in % per task family at the method's first → last checkpoint, then the paired change "
+             "over the family's tasks in points (tasks better / worse, p of the exact two-sided sign test). The "
+             "intervals are in the JSON.", "",
+             "| method | iterations | " + " | ".join(f"{f} ({n} tasks)" for f, n in families) + " |",
+             "| --- | --- |" + " --- |" * len(families)]
+    for name, m in methods.items():
+        cells = []
+        for c in m["held_out_by_family"]:
+            text = f"{100 * c['first']['pass@1']:.1f} → {100 * c['last']['pass@1']:.1f}"
+            cells.append(text + (f": {change_text(c['change'])}" if c["change"] else ""))
+        c = m["held_out_by_family"][0]
+        lines.append(f"| {name} | {c['first']['iteration']} → {c['last']['iteration']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(report, path):
@@ -258,9 +419,13 @@ def transfer_curve(args):
     methods = {name: load_method(name, runs, eval_ids) for name, runs in items}
     ref = items[0][0]
     report = {"eval_set": str(args.eval_set), "eval_ids": sorted(eval_ids),
-              "methods": {name: {"runs": [str(r) for r in runs], "curve": curve_of(methods[name])}
+              "methods": {name: {"runs": [str(r) for r in runs], "curve": curve_of(methods[name]["points"]),
+                                 "train_ids": methods[name]["train_ids"],
+                                 "held_out_by_distance": held_out_by_distance(methods[name]),
+                                 "held_out_by_family": held_out_by_family(methods[name])}
                           for name, runs in items},
-              "held_out_vs_reference": {name: between(methods[ref], methods[name]) for name, _ in items[1:]}}
+              "held_out_vs_reference": {name: between(methods[ref]["points"], methods[name]["points"])
+                                        for name, _ in items[1:]}}
     out = Path(args.out)
     write_atomic(out.with_suffix(".md"), markdown(report))
     plot(report, out.with_suffix(".png"))

@@ -117,6 +117,84 @@ def test_an_exact_tie_between_checkpoints_is_no_change(tmp_path):
     assert change["diff"] == pytest.approx((0 + 3 / 9) / 2)
 
 
+def test_held_out_split_by_distance_to_the_methods_own_training_set_and_by_family(tmp_path):
+    """Hand-computed: two checkpoints (0, 4), two held-out harnesses, tasks t0, t1 (lookup) and t2, t3 (sum).
+        A = S0-T0-O0-C0-W1: single (trained on the base) d 1 (W); hs (trained on S1-T1-O0-C0-W1) d 2 (S, T)
+        B = S1-T1-O0-C0-W0: single d 2 (S, T);                     hs d 1 (W)
+    Successes (every other episode, the training harness's included, fails):
+        single  iteration 0: (t0, A)             iteration 4: (t0, A), (t1, A), (t3, A), (t2, B)
+        hs      iteration 0: (t2, A)             iteration 4: (t2, A) and every task under B
+    By distance, pass@1 over the 4 tasks under the harness at d:
+        single  d 1 (A): 1/4 -> 3/4     d 2 (B): 0 -> 1/4
+        hs      d 1 (B): 0 -> 1         d 2 (A): 1/4 -> 1/4
+    By family, a task's value is its mean over A and B; the change is paired over the family's tasks:
+        single  lookup t0 1/2 -> 1/2 (tie), t1 0 -> 1/2: 1/4 -> 1/2, +1/4 (1 / 0);  sum t2, t3 0 -> 1/2: 0 -> 1/2,
+                +1/2 (2 / 0, p 0.5)
+        hs      lookup t0, t1 0 -> 1/2: 0 -> 1/2, +1/2 (2 / 0);  sum t2 1/2 -> 1, t3 0 -> 1/2: 1/4 -> 3/4, +1/2"""
+    A, B = "S0-T0-O0-C0-W1", "S1-T1-O0-C0-W0"
+    train = {"single": "S0-T0-O0-C0-W0", "hs": "S1-T1-O0-C0-W1"}
+    family = {"t0": "lookup", "t1": "lookup", "t2": "sum", "t3": "sum"}
+    solved = {"single": {0: {("t0", A)}, 4: {("t0", A), ("t1", A), ("t3", A), ("t2", B)}},
+              "hs": {0: {("t2", A)}, 4: {("t2", A)} | {(t, B) for t in family}}}
+    runs = {}
+    for name in solved:
+        run = tmp_path / name
+        write_jsonl(run / "train_harnesses.jsonl", [{"harness_id": train[name]}])
+        for t, wins in solved[name].items():
+            write_jsonl(run / "curve" / f"iter-{t:03d}.jsonl",
+                        [{"task_id": task, "family": family[task], "harness_id": h, "success": (task, h) in wins,
+                          "finish_reason": "submitted", "turns": 2, "parse_errors": 0, "tool_errors": 0}
+                         for task in family for h in (A, B, train[name])])
+        runs[name] = run
+    write_jsonl(tmp_path / "eval.jsonl", [{"harness_id": h} for h in (A, B)])
+    out = tmp_path / "tc"
+    run_stage("transfer_curve.py", f"single={runs['single']}", f"hs={runs['hs']}", "--eval-set",
+              tmp_path / "eval.jsonl", "--out", out)
+    report = json.loads(out.with_suffix(".json").read_text())
+    single, hs = report["methods"]["single"], report["methods"]["hs"]
+    assert single["train_ids"] == [train["single"]] and hs["train_ids"] == [train["hs"]]
+    # by distance: {iteration: {d: (pass@1, harnesses at d, tasks)}}
+    got = {name: {r["iteration"]: {c["distance"]: (c["pass@1"], c["harness_ids"], c["tasks"]) for c in r["distances"]}
+                  for r in report["methods"][name]["held_out_by_distance"]} for name in ("single", "hs")}
+    assert got["single"] == {0: {1: (0.25, [A], 4), 2: (0.0, [B], 4)}, 4: {1: (0.75, [A], 4), 2: (0.25, [B], 4)}}
+    assert got["hs"] == {0: {1: (0.0, [B], 4), 2: (0.25, [A], 4)}, 4: {1: (1.0, [B], 4), 2: (0.25, [A], 4)}}
+    first = single["held_out_by_distance"][0]["distances"][0]  # single, iteration 0, d 1: tasks 1, 0, 0, 0
+    assert first["ci95"] == pytest.approx(cmp.pass1_ci([1, 0, 0, 0])[0])  # the interval every table uses
+    # by family: first and last checkpoint, the paired change over the family's tasks
+    fam = {name: {c["family"]: c for c in report["methods"][name]["held_out_by_family"]} for name in ("single", "hs")}
+    want = {"single": {"lookup": (1 / 4, 1 / 2, 1 / 4, 1, 0, 1.0), "sum": (0, 1 / 2, 1 / 2, 2, 0, 0.5)},
+            "hs": {"lookup": (0, 1 / 2, 1 / 2, 2, 0, 0.5), "sum": (1 / 4, 3 / 4, 1 / 2, 2, 0, 0.5)}}
+    for name, families in want.items():
+        assert list(fam[name]) == ["lookup", "sum"]
+        for f, (before, after, diff, better, worse, p) in families.items():
+            c = fam[name][f]
+            assert (c["first"]["iteration"], c["last"]["iteration"], c["tasks"]) == (0, 4, 2)
+            assert c["first"]["pass@1"] == pytest.approx(before) and c["last"]["pass@1"] == pytest.approx(after)
+            assert c["change"] == pytest.approx(dict(diff=diff, better_tasks=better, worse_tasks=worse,
+                                                     sign_test_p=p))
+    md = out.with_suffix(".md").read_text()
+    table_before = md.split("\n## ")[0]  # the existing tables come first, unchanged
+    assert table_before.startswith("pass@1 in % [95% interval over tasks]") and "## " not in table_before
+    assert "## Held-out by Hamming distance to the method's own training set" in md
+    assert "| method | iteration | d = 1 | d = 2 |" in md
+    assert "| single | 4 | 75.0 [" in md and "(1 h) | 25.0 [" in md and "| hs | 4 | 100.0 [" in md
+    assert "## Held-out by task family" in md
+    assert "| method | iterations | lookup (2 tasks) | sum (2 tasks) |" in md
+    assert "| single | 0 → 4 | 25.0 → 50.0: +25.0 (1 / 0, p 1) | 0.0 → 50.0: +50.0 (2 / 0, p 0.5) |" in md
+    assert "| hs | 0 → 4 | 0.0 → 50.0: +50.0 (2 / 0, p 0.5) | 25.0 → 75.0: +50.0 (2 / 0, p 0.5) |" in md
+
+
+def test_the_distance_helpers_are_shared_with_compare():
+    """One copy: compare.py splits its In-Space column with transfer_curve.py's helpers."""
+    tc = load_stage("transfer_curve.py")
+    for helper in ("levels_of", "hamming", "distance_to", "pairs_by_distance", "pairs_by_family", "families_of",
+                   "cell_of"):
+        assert getattr(cmp, helper).__module__ == "transfer_curve", helper  # imported, not a second definition
+    assert tc.distance_to("S1-T1-O0-C0-W0", ["X-shell", "S0-T0-O0-C0-W0", "S1-T0-O0-C0-W0"]) == 1
+    assert tc.distance_to("X-pydantic-ai", ["S0-T0-O0-C0-W0"]) is None  # out of the space: no distance
+    assert tc.distance_to("S0-T0-O0-C0-W1", ["X-shell"]) is None
+
+
 @pytest.mark.parametrize("break_it, message", [
     (lambda hs: (hs / "curve" / "iter-002.jsonl").write_text(json.dumps(dict(
         episode(random.Random(0), "t0", EVAL[0], 1.0), success="yes")) + "\n"),
