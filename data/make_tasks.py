@@ -34,14 +34,15 @@ holds the answer, and no answer is one that a guess could hit often (see "Guessi
     lookup    read the file the request names and submit one key's value; 1-3 distractor files carry the same
               key with other values, and the named file holds 1-3 other keys as well
     search    "One file mentions the ANIMAL. What is the KEY in it?": search for the animal, read that file,
-              submit the value; 2-4 distractors carry the same key and mention other animals
-    sum       read 2 named files, add the values with the calculator, submit the sum (0-2 distractors carry
-              the key too; the sum is never a number of the workspace)
+              submit the value; 3-5 distractors carry the same key and mention other animals, and the file
+              holds 1-3 other keys
+    sum       read 2 named files (the asked key their only key), add the values with the calculator, submit
+              the sum (0-2 distractors carry the key too; the sum is never a number of the workspace)
     edit      set a value in a multi-line file (read it, write it back with one line changed), or copy
               a line to a new file; then answer "done" (a guess that writes nothing fails)
     multihop  follow "next: FILE" links for 2-3 hops, submit the value at the end; 1-2 distractors, the first
               of which carries the asked key too (a search for the key finds two files: the links must be followed)
-    count     "Which files have a KEY line?": search for "KEY:", submit the 3-5 matching names among 5-8 files
+    count     "Which files have a KEY line?": search for "KEY:", submit the 4-6 matching names among 6-9 files
               (answer_set); at least 2 files do not match, so "all the files" is wrong too
 Files are records of 1-11 short lines: "key: value" lines (every number of a task is distinct, and
 numbers appear only there), at most one "seen: the ANIMAL by the NAME" line (an animal is mentioned in
@@ -65,7 +66,7 @@ readable from the request (a word, number or file name of it, or all of it). Why
       "How many files?" (2-5) was passed 8 times in 20 by the constant "4";
     - an answer is never one file name: the old "Which file mentions the ANIMAL?" was passed by a random
       file name 1 time in 2-4 (37% of its test tasks); the search family now submits the value in that file;
-    - a set of 3-5 names among 5-8 files is hit by a random subset of the files about 1 time in 30 at worst.
+    - a set of 4-6 names among 6-9 files is hit by a random subset of the files about 1 time in 60 at worst.
 """
 import argparse
 import json
@@ -95,7 +96,11 @@ SUM_TERMS = 2
 # and, from the same calibration with sum at 2 terms, the two families above the band: multihop solved 15 / 20 with
 # 1-3 hops, count 17 / 20 with 2-4 matching files of 4-7
 MULTIHOP_HOPS = (2, 3)
-COUNT_MATCHING = (3, 5)  # matching files of a count task; 2-3 more do not match
+# and, from the third round (12 demonstration tasks): sum 1 / 20 (a wrong key's value added), search 19 / 20,
+# count 17 / 20 with 3-5 matching files
+SUM_OTHER_KEYS = 0  # other key lines in a sum's term files: the asked key is the only one there
+SEARCH_DISTRACTORS = (3, 5)
+COUNT_MATCHING = (4, 6)  # matching files of a count task; 2-3 more do not match
 
 
 def call(tool, **args):
@@ -140,14 +145,14 @@ class Pools:
         return "tags: " + " ".join(self.rng.sample(NAMES, self.rng.randint(fewest, 6)))
 
 
-def record(pools, needed=(), extra=(), avoid=(), long=False, seen=None, short=False):
+def record(pools, needed=(), extra=(), avoid=(), long=False, seen=None, short=False, other_keys=2):
     """A file's text: the `needed` lines (each ending within NEEDED_WITHIN characters), the `extra` lines,
-    0-2 other key lines (no key of `avoid` or of the lines above), a 'seen: the ANIMAL by the NAME' line
+    0 to `other_keys` other key lines (no key of `avoid` or of the lines above), a 'seen: the ANIMAL by the NAME' line
     when `seen` names an animal, and tags lines: 0-1 (none when short), or as many as make the file longer
     than LONG characters (long)."""
     rng = pools.rng
     used = {line.split(":")[0] for line in list(needed) + list(extra)} | set(avoid)
-    lines = list(extra) + pools.key_lines(rng.randint(0, 2), avoid=used)
+    lines = list(extra) + pools.key_lines(rng.randint(0, other_keys), avoid=used)
     if seen:
         lines.append(f"seen: the {seen} by the {rng.choice(NAMES)}")
     if not short:
@@ -184,16 +189,18 @@ def make_lookup(rng):
 
 def make_search(rng):
     """One file mentions an animal: find it (search), read it, submit the asked key's value there. What makes it
-    hard: 2-4 distractors carry the same key with other values and mention other animals, so only the file the
-    search finds holds the answer. (The answer is a value, not the file name: a random file name would pass 1 time
-    in 2-4.)"""
-    p, d = Pools(rng), rng.randint(2, 4)
+    hard: SEARCH_DISTRACTORS files carry the same key with other values and mention other animals, so only the
+    file the search finds holds the answer, and that file has 1-3 other keys (the right line matters, as in
+    lookup). (The answer is a value, not the file name: a random file name would pass 1 time in 4-6.)"""
+    p, d = Pools(rng), rng.randint(*SEARCH_DISTRACTORS)
     target, *others = files_of(rng.sample(NAMES, d + 1))
     key, animal = rng.choice(KEYS), p.animal()
     value = p.value()
     # both lines the solution needs (the animal and the value) end within NEEDED_WITHIN characters
     seen = f"seen: the {animal} by the {rng.choice(NAMES)}"
-    files = {target: record(p, [f"{key}: {value}", seen], avoid=[key], long=rng.random() < 0.5)}
+    other_keys = p.key_lines(rng.randint(1, 3), avoid=[key])
+    files = {target: record(p, [f"{key}: {value}", seen], extra=other_keys, avoid=[key], long=rng.random() < 0.5,
+                            other_keys=0)}  # within 11 lines
     for name in others:  # distractors: the same key with another value, another animal
         files[name] = record(p, [f"{key}: {p.value()}"], long=rng.random() < 0.3, seen=p.animal())
     answer = str(value)
@@ -216,7 +223,7 @@ def make_sum(rng):
     long = rng.randrange(2 * n)  # about half of the tasks have one long term file
     files = {}
     for i, (name, v) in enumerate(zip(names, terms)):
-        files[name] = record(p, [f"{key}: {v}"], long=i == long)
+        files[name] = record(p, [f"{key}: {v}"], long=i == long, other_keys=SUM_OTHER_KEYS)
     for name in names[n:]:  # distractors: the same key, not named in the request
         files[name] = record(p, [f"{key}: {p.value()}"])
     total = str(sum(terms))
@@ -291,7 +298,7 @@ def make_multihop(rng):
 
 def make_count(rng):
     """Which files have a line with the asked key? Search for "KEY:" (one hit a matching file), submit their names.
-    3-5 of 5-8 files match; the others hold other keys only, and at least 2 do not match. The answer is a set of
+    4-6 of 6-9 files match; the others hold other keys only, and at least 2 do not match. The answer is a set of
     names (answer_set), not a small count: "How many files?" (2-5) was passed 8 times in 20 by the constant "4"."""
     p, m = Pools(rng), rng.randint(*COUNT_MATCHING)
     n = m + rng.randint(2, 3)
