@@ -294,7 +294,8 @@ def stop(sig, frame):
     sys.exit(1)
 signal.signal(signal.SIGTERM, stop)
 signal.signal(signal.SIGINT, stop)
-out.with_name("pid").write_text(str(os.getpid()))
+out.with_name("pid.tmp").write_text(str(os.getpid()))
+out.with_name("pid.tmp").rename(out.with_name("pid"))  # whole or absent: the test never reads a half-written file
 time.sleep(60)
 """
 
