@@ -36,6 +36,7 @@ import json
 import re
 from pathlib import Path
 
+import figure
 from intervals import bootstrap_ci, fmt, pass1_ci, sign_test
 from ledger import compute_of, read_records
 from plumbing import fail, locked, read_json, read_jsonl, write_atomic
@@ -520,6 +521,129 @@ def tables_of(ledger, prefix, args):
         if lines:
             transfer_curve(argparse.Namespace(items=lines, eval_set="eval_harnesses.jsonl",
                                               out=f"{prefix}-transfer_curve"))
+        if methods:
+            summary_of(ledger, prefix, methods, args)
+
+
+# ----------------------------------------------------------------------------- the answer first
+# The paper's directions, each a paired comparison over tasks in one column: (the direction, the row the paper puts
+# higher, the other row, the column, "higher" or "unchanged": the base harness should keep its pass@1).
+DIRECTIONS = [("In-Space: harness-scaling > single", "harness-scaling", "single", "inspace", "higher"),
+              ("black box: harness-scaling > black-box SFT", "harness-scaling", "blackbox-sft", "smolagents-native",
+               "higher"),
+              ("black box: black-box SFT > black-box RL", "blackbox-sft", "blackbox-rl", "smolagents-native",
+               "higher"),
+              ("OA-18 > Random-18", "harness-scaling", "random18", "inspace", "higher"),
+              ("locality > random assignment", "harness-scaling", "random-assign", "inspace", "higher"),
+              ("base harness about unchanged (harness-scaling vs warm start)", "harness-scaling", "warm-start", "base",
+               "unchanged"),
+              ("PPO, In-Space: harness-scaling > single", "harness-scaling+ppo", "single+ppo", "inspace", "higher")]
+SUMMARY_ROWS = ["untrained", "zero-shot", "warm-start", "harness-scaling", "single", "blackbox-sft", "blackbox-rl",
+                "random18", "random-assign", "harness-scaling+ppo", "single+ppo", "k1", "k5"]
+
+
+def summary_of(ledger, prefix, methods, args):
+    """PREFIX-summary.md and PREFIX-summary.svg: every row of the ledger in every column (a cell is a score), each
+    of the paper's directions against its paired test, and the figure (figure.py). Run inside the ledger folder."""
+    names = [m for m in SUMMARY_ROWS if m in methods] + sorted(set(methods) - set(SUMMARY_ROWS))
+    report, _ = table([item_of(m, methods[m], ledger) for m in names], None, args)
+    splits = list(report["rows"][0]["splits"])
+    ground = report["common_ground"]["splits"]
+    seeds = {m: [r.name[4:] for r in methods[m]] for m in names}
+    lines = ["pass@1 (%), greedy, on " + "; ".join(f"{SPLIT_NAMES[s]} {ground[s]['tasks']} tasks x "
+                                                   f"{len(ground[s]['harness_ids'])} harness(es)" for s in splits)
+             + "; seeds averaged per task. (trained in): the row trained inside that framework, not a transfer "
+             "figure.", "",
+             "| policy | seeds | " + " | ".join(SPLIT_NAMES[s] for s in splits) + " |",
+             "| --- | --- |" + " --- |" * len(splits)]
+    for name, r in zip(names, report["rows"]):
+        cells = [f"{100 * r['splits'][s]['pass@1']:.1f}" + (" (trained in)" if r["splits"][s]["trained_in"] else "")
+                 for s in splits]
+        lines.append(f"| {name} | {', '.join(seeds[name])} | " + " | ".join(cells) + " |")
+    lines += ["", "Each of the paper's directions, paired over the column's tasks (Δ in points, the seeds averaged "
+              "per task; tasks better / worse and p of the exact two-sided sign test; detectable: the fewest tasks "
+              "all one way that reach p <= 0.05). A column where both rows score 0 is a floor; p > 0.05 is "
+              "\"can't tell\".", "",
+              "| the paper's direction | column | seeds | Δ | better / worse | p | detectable | at this scale "
+              "| per seed: Δ (p) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for title, high, low, split, kind in DIRECTIONS:
+        if high not in methods or low not in methods:
+            lines.append(f"| {title} | {SPLIT_NAMES[split]} | - | - | - | - | - | no records yet "
+                         f"({', '.join(m for m in (high, low) if m not in methods)}) | - |")
+            continue
+        d, c = paired(high, methods[high], low, methods[low], ledger, split, args)
+        per_seed = []
+        for rec in methods[high]:
+            other = [r for r in methods[low] if r.name == rec.name] or (methods[low] if len(methods[low]) == 1
+                                                                        else [])
+            if other and len(methods[high]) > 1:
+                x, _ = paired(high, [rec], low, other, ledger, split, args)
+                per_seed.append((rec.name[4:], x))
+        seed_text = "; ".join(f"seed {s}: {100 * x['diff_vs_reference']:+.1f} (p {x['sign_test_p']:.2g})"
+                              for s, x in per_seed) or "-"
+        if len({x["diff_vs_reference"] > 0 for _, x in per_seed if x["diff_vs_reference"] != 0}) > 1:
+            seed_text += ": the seeds disagree in sign"
+        lines.append(f"| {title} | {SPLIT_NAMES[split]} | {', '.join(seeds[high])} vs {', '.join(seeds[low])} | "
+                     f"{100 * d['diff_vs_reference']:+.1f} | {d['better_tasks']} / {d['worse_tasks']} | "
+                     f"{d['sign_test_p']:.2g} | {detectable(c)} | {verdict(d, kind)} | {seed_text} |")
+    write_atomic(f"{prefix}-summary.md", "\n".join(lines) + "\n")
+    columns = [(s, f"{SPLIT_NAMES[s]} ({ground[s]['tasks']} tasks)") for s in splits]
+    rows = [(f"{name} ({len(seeds[name])} seed{'s' if len(seeds[name]) > 1 else ''})",
+             {s: tuple(100 * v for v in (x["pass@1"], *x["ci95"])) + (x["trained_in"],)
+              for s, x in r["splits"].items()}) for name, r in zip(names, report["rows"])]
+    curve_json = Path(f"{prefix}-transfer_curve.json")
+    write_atomic(f"{prefix}-summary.svg", figure.svg(f"{ledger.name}: pass@1 of every method in every column", columns,
+                                                    rows, curve_lines(read_json(curve_json)) if curve_json.is_file()
+                                                    else None))
+    print(f"[compare] wrote {prefix}-summary.md and {prefix}-summary.svg")
+
+
+def item_of(method, records, ledger):
+    return f"{method}=" + ",".join(str(r.relative_to(ledger) / "eval") for r in records)
+
+
+def paired(high, high_records, low, low_records, ledger, split, args):
+    """high's paired difference to low in one column (compare's table of the two rows, low the reference) -> (the
+    difference, the column's common ground)."""
+    report, _ = table([item_of(high, high_records, ledger), item_of(low, low_records, ledger)], low, args)
+    return report["rows"][0]["splits"][split], report["common_ground"]["splits"][split]
+
+
+def detectable(c):
+    if c["min_detectable"] is None:
+        return f"none ({c['tasks']} tasks)"
+    return f"{100 * c['min_detectable']:.1f} ({c['min_detectable_tasks']} / {c['tasks']})"
+
+
+def verdict(d, kind):
+    """What a direction's paired test says: holds, the opposite, or can't tell (a floor: both rows 0 everywhere)."""
+    if d["identical"] and d["pass@1"] == 0:
+        return "floor (0 in both)"
+    significant = d["sign_test_p"] <= 0.05
+    if kind == "unchanged":
+        return ("changed: " + ("up" if d["diff_vs_reference"] > 0 else "down")) if significant else \
+            "holds (no change at p <= 0.05)"
+    if not significant:
+        return "can't tell"
+    return "holds" if d["diff_vs_reference"] > 0 else "opposite"
+
+
+def curve_lines(curve):
+    """The transfer curve's harness-scaling and single lines, mean over seeds with the lowest and highest seed per
+    iteration (the iterations every seed has), in %: figure.py's curve."""
+    lines, n_seeds = {}, {}
+    for method in CURVE_ROWS[:2]:
+        seeds = [m["curve"] for name, m in curve["methods"].items() if name.rpartition(" ")[0] == method]
+        if not seeds:
+            continue
+        n_seeds[method] = len(seeds)
+        its = sorted(set.intersection(*({p["iteration"] for p in c} for c in seeds)))
+        lines[method] = {part: [(it, mean(vals), min(vals), max(vals)) for it in its
+                                for vals in [[100 * p[part]["pass@1"] for c in seeds for p in c
+                                              if p["iteration"] == it]]]
+                         for part in ("trained", "held-out")}
+    tasks = next(p["trained"]["tasks"] for m in curve["methods"].values() for p in m["curve"])
+    return {"lines": lines, "seeds": n_seeds, "tasks": tasks} if lines else None
 
 
 def made_markdown(made):

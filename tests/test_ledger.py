@@ -120,6 +120,63 @@ def test_a_ppo_record_joins_the_main_table_against_grpo_harness_scaling(tmp_path
     assert [r["name"] for r in ppo["rows"]] == ["harness-scaling+ppo", "harness-scaling", "single"]
 
 
+def test_the_summary_scores_every_row_and_tests_each_direction_against_an_independent_count(tmp_path, ledger):
+    """compare.py --ledger also writes PREFIX-summary.md (a cell is a score; each of the paper's directions with
+    its paired sign test, pooled seeds and per seed) and PREFIX-summary.svg: checked against plain python from
+    the run folders."""
+    import math
+    import xml.etree.ElementTree as ET
+    runs = tmp_path / "runs"
+    hs = [runs / f"harness-scaling-seed{s}" / "eval" / "harness-scaling" for s in (0, 1)]
+    single = [runs / "single-seed0" / "eval" / "single"]
+    run_stage("compare.py", "--ledger", ledger, "--out", tmp_path / "t", "--bootstrap", 300)
+    md = (tmp_path / "t-summary.md").read_text()
+    rows = {ln.split(" | ")[0].strip("| "): ln.strip(" |").split(" | ") for ln in md.splitlines()
+            if ln.startswith("| ")}
+    a, b = per_task_values(hs, "inspace"), per_task_values(single, "inspace")
+    assert rows["harness-scaling"][:2] == ["harness-scaling", "0, 1"]
+    assert rows["harness-scaling"][3] == f"{100 * sum(a.values()) / len(a):.1f}"  # In-Space, the seeds averaged
+    assert rows["single"][3] == f"{100 * sum(b.values()) / len(b):.1f}"
+
+    def sign_p(better, worse):  # exact two-sided, by hand
+        n, k = better + worse, min(better, worse)
+        return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+    row = rows["In-Space: harness-scaling > single"]
+    better, worse = sum(a[t] > b[t] for t in TASKS), sum(a[t] < b[t] for t in TASKS)
+    assert row[1:7] == ["In-Space", "0, 1 vs 0", f"{100 * sum(a[t] - b[t] for t in TASKS) / 10:+.1f}",
+                        f"{better} / {worse}", f"{sign_p(better, worse):.2g}", "60.0 (6 / 10)"]
+    assert row[7] == ("holds" if sign_p(better, worse) <= 0.05 and better > worse else
+                      "opposite" if sign_p(better, worse) <= 0.05 else "can't tell")
+    seed_cells = []  # single has one record: each seed of harness-scaling is paired with it
+    for s, d in enumerate(hs):
+        x = per_task_values([d], "inspace")
+        up, down = sum(x[t] > b[t] for t in TASKS), sum(x[t] < b[t] for t in TASKS)
+        seed_cells.append(f"seed {s}: {100 * sum(x[t] - b[t] for t in TASKS) / 10:+.1f} (p {sign_p(up, down):.2g})")
+    assert row[8].startswith("; ".join(seed_cells))
+    assert "no records yet (random18)" in rows["OA-18 > Random-18"][7]
+    # the figure: well-formed, a dot per (row, column) it scores, named columns, no curve without curve records
+    svg = ET.parse(tmp_path / "t-summary.svg").getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(svg.findall(f"{ns}circle")) == 2 * 3  # 2 rows x Base, In-Space, Unseen syntax
+    labels = [t.text for t in svg.findall(f"{ns}text")]
+    assert "harness-scaling (2 seeds)" in labels and "In-Space" in labels and not svg.findall(f"{ns}polyline")
+
+
+def test_a_direction_verdict_is_a_floor_holds_the_opposite_or_cant_tell():
+    cmp = load_stage("compare.py")
+
+    def d(diff, p, identical=False, value=0.3):
+        return {"diff_vs_reference": diff, "sign_test_p": p, "identical": identical, "pass@1": value}
+    assert cmp.verdict(d(0.0, 1.0, identical=True, value=0.0), "higher") == "floor (0 in both)"
+    assert cmp.verdict(d(0.0, 1.0, identical=True), "higher") == "can't tell"
+    assert cmp.verdict(d(0.1, 0.01), "higher") == "holds"
+    assert cmp.verdict(d(-0.1, 0.01), "higher") == "opposite"
+    assert cmp.verdict(d(0.1, 0.06), "higher") == "can't tell"
+    assert cmp.verdict(d(-0.1, 0.06), "unchanged") == "holds (no change at p <= 0.05)"
+    assert cmp.verdict(d(-0.1, 0.04), "unchanged") == "changed: down"
+
+
 def test_other_common_ground_is_refused_naming_the_field(tmp_path, ledger):
     other = dict(GROUND, budget={"lr": 0.002, "iterations": 3})
     run = method_run(tmp_path / "runs", "random18", 0)
@@ -148,9 +205,9 @@ def test_committed_tables_equal_what_the_ledger_regenerates(tmp_path):
     records = ROOT / "results" / "records"
     assert (records).is_dir() and list(records.glob("*/ground.json")), "no committed ledger under results/records"
     run_stage("compare.py", "--ledger", records, "--out", tmp_path, timeout=300)
-    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.suffix in (".md", ".json"))
+    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.suffix in (".md", ".json", ".svg"))
     committed = sorted(p.relative_to(ROOT / "results" / "tables") for p in (ROOT / "results" / "tables").rglob("*")
-                       if p.suffix in (".md", ".json"))
+                       if p.suffix in (".md", ".json", ".svg"))
     assert made == committed and made
     for rel in made:
         assert (tmp_path / rel).read_bytes() == (ROOT / "results" / "tables" / rel).read_bytes(), rel
