@@ -22,7 +22,6 @@ import math
 import os
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from generation import (LOGIT_CHUNK, bf16_autocast, check_policy_folder, forward, load_for_training, load_optimizer,
-                        load_reference, micro_batches, save_checkpoint, score_sequences, token_batch, token_fields)
+                        load_reference, micro_batches, save_checkpoint, score_sequences, token_batch)
 from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything
 from schemas import load_train_rollouts
 
@@ -39,13 +38,6 @@ MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (
 ADV_EPS = 1e-6  # GRPO: A = (r - mean) / (std + eps)
 GAMMA = 1.0  # PPO: discount over generated tokens (verl's default; the reward is on the episode's last token)
 VF_COEF, VF_CLIP, VF_LR_FACTOR = 0.5, 0.5, 10  # PPO: value-loss weight, value clip, value head lr = 10 x --lr (verl)
-VARIANTS_ENV = "HARNESS_05_TEST_VARIANTS"
-VARIANTS = {  # tests and benchmarks only, named in HARNESS_05_TEST_VARIANTS
-    "score-all-old": "score every pi_old apart (no first-minibatch shortcut): the update must not change",
-    "no-skip-zero-adv": "also run the GRPO sequences whose advantage is 0 (they add exactly 0 to the gradient)",
-    "no-merge-turns": "one sequence per model turn, never merged (bench/bench_train.py measures what merging saves)",
-    "no-norm-adv": "PPO: do not whiten the GAE advantages (tests compute the raw ones by hand)",
-    "naive-local-nb": "under torchrun, the biased port: loss over each rank's own N_B, gradients averaged"}
 
 
 def parse_args(argv=None):
@@ -89,27 +81,18 @@ def parse_args(argv=None):
 
 
 # ------------------------------------------------------------------------ one process, or N under torchrun
-# `python 05_train.py` is one process: it holds every sequence and the whole model, so each step that ranks would
-# share is the identity here. Under `torchrun --nproc_per_node N` (it sets LOCAL_RANK and WORLD_SIZE) `dist` is
-# distributed.py instead: the same names, each a collective over the N ranks (N = 1 too: one GPU, NCCL and FSDP2).
-ONE_PROCESS = types.SimpleNamespace(
-    rank=0, world=1, init=lambda fsdp, naive: None,
-    placed=lambda model, vhead, device, trunk_and_head: (model.to(device), vhead),  # on this process's device
-    share=lambda seqs, cost: seqs,  # this process's share of a minibatch: all of it
-    token_count=lambda n: (n, None),  # -> (N_B, the ranks' counts)
-    all_sum=lambda x: x, summed_log=lambda m, rank_tokens, tis: m,
-    scored=lambda seqs, score, modules: score(seqs),
-    padded=lambda micro_batches, forward_one: micro_batches,
-    reduce_gradients=lambda params: None,
-    first_non_finite=lambda named: next((n for n, p in named if not torch.isfinite(p).all()), None),
-    my_shards=lambda state, opt: state,
-    full_state=lambda model, vhead, opt, with_opt: dict(
-        model=None, vhead=None if vhead is None else vhead.state_dict(), opt=opt.state_dict() if with_opt else None),
-    finish=lambda: None)
-if "LOCAL_RANK" in os.environ:  # started by torchrun
+# `python 05_train.py` is one process holding every sequence and the whole model: dist is None. Under `torchrun
+# --nproc_per_node N` (it sets LOCAL_RANK) dist is distributed.py, and each `if dist` below is the one point where
+# the N ranks share a step (N = 1 too: one GPU, NCCL and FSDP2). docs/distributed.md.
+if "LOCAL_RANK" in os.environ:
     import distributed as dist
 else:
-    dist = ONE_PROCESS
+    dist = None
+
+
+def rank0():
+    """This process writes and prints: the one process, or torchrun's rank 0."""
+    return dist is None or dist.rank == 0
 
 
 # ------------------------------------------------------------------------------------- the algorithm
@@ -123,7 +106,7 @@ class Sequence:
     temp: float  # the episode's sampling temperature: every log-prob is taken at it
     n: int = 0  # generated tokens, sum(mask)
     stored_logp: torch.Tensor = None  # [n] the sampler's log-probs (NaN where 04 stored none): truncated IS
-    # per generated token [n], set before (or, for pi_old of the first minibatch, during) the update
+    # per generated token [n], set before the update
     adv: torch.Tensor = None  # A_t
     ret: torch.Tensor = None  # R_t, PPO's value target
     old_logp: torch.Tensor = None  # log pi_old(y_t | s_t)
@@ -146,7 +129,6 @@ class Context:
     amp: bool  # bf16 autocast of the trunk
     tis_cap: float = None  # truncated-IS cap C; None: off
     same_ref: bool = False  # the KL reference is the loaded policy: pi_ref = pi_old
-    variants: frozenset = frozenset()  # HARNESS_05_TEST_VARIANTS
     chunk: int = LOGIT_CHUNK  # completion tokens per LM-head chunk (generation.trunk_and_head); 0: all at once
 
 
@@ -197,7 +179,7 @@ def has_signal(u, s):
 
 def trains(u, s):
     """The sequence runs (pi_old, forward, backward): those with signal. N_B still counts the others."""
-    return has_signal(u, s) or "no-skip-zero-adv" in u.variants
+    return has_signal(u, s)
 
 
 def uses_kl(args):
@@ -341,40 +323,27 @@ def tis_cap_for(args, episodes):
     return TIS_CAP if other else None
 
 
-def set_pi_old(u, s, old_logp):
-    """A sequence's pi_old [n], and what is derived from it: the truncated-IS weights and, for a KL to this same
-    policy, pi_ref = pi_old."""
-    s.old_logp = old_logp
-    if u.tis_cap:
-        # w_t = min(pi_old(y_t | s_t) / pi_rollout(y_t | s_t), C), 1 where 04 stored no log-prob (NaN)
-        w = torch.exp(old_logp - s.stored_logp).clamp(max=u.tis_cap)  # [n]
-        s.tis_w = torch.where(torch.isnan(w), torch.ones_like(w), w)
-    if u.same_ref:
-        s.ref_logp = old_logp.clone()
-
-
-def old_policy_scores(u, episodes, trained, first_minibatch, ref, info):
-    """Sets pi_old (the log-probs under the rollout's weights, this policy, at each episode's temperature), the old
-    values (PPO), the TIS weights and pi_ref (KL) of the trained sequences. The rollout's own log-probs are not used
-    as pi_old (docs/rl-cost.md: not bit-equal even on the hf fp32 path, and vLLM's differ by ~1e-2)."""
+def old_policy_scores(u, episodes, trained, ref, info):
+    """pi_old of every trained sequence, before the first step: its log-probs under the rollout's weights (this
+    policy) at its episode's temperature, one forward without gradients; with them PPO's old values, the truncated-IS
+    weights and pi_ref (KL). The rollout's own log-probs are not pi_old (docs/rl-cost.md: not bit-equal even on the
+    hf fp32 path, and vLLM's differ by ~1e-2); they only weigh truncated IS."""
     info["tis_cap"] = u.tis_cap
-    # The first minibatch's shortcut (GRPO, one process): it trains at exactly the rollout's weights (no step yet,
-    # dropout off, same sequences and temperature), so its own forward IS pi_old: micro_step takes pi_old from it,
-    # detached. What it saves: docs/stages.md. PPO scores everything (GAE needs the old values before any step); so
-    # does torchrun (a rank would miss the pi_old of sequences another rank ran).
-    shortcut = u.args.algo == "grpo" and dist.world == 1 and "score-all-old" not in u.variants
-    first = {id(s) for s in first_minibatch} if shortcut else set()
-    scored = [s for s in trained if id(s) not in first]
-    info["old_logp_scored"] = len(scored)  # sequences scored apart (the rest: pi_old from the first forward)
-    old_logp, old_v = sequence_logprobs(u, scored, "old log-probs")
-    for s, lp, v in zip(scored, old_logp, old_v):
-        s.old_v = v
-        set_pi_old(u, s, lp)
+    old_logp, old_v = sequence_logprobs(u, trained, "old log-probs")
+    for s, lp, v in zip(trained, old_logp, old_v):
+        s.old_logp, s.old_v = lp, v
+        if u.tis_cap:
+            # w_t = min(pi_old(y_t | s_t) / pi_rollout(y_t | s_t), C), 1 where 04 stored no log-prob (NaN)
+            w = torch.exp(lp - s.stored_logp).clamp(max=u.tis_cap)  # [n]
+            s.tis_w = torch.where(torch.isnan(w), torch.ones_like(w), w)
     if u.tis_cap:
         print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {u.tis_cap}) "
               f"({'--tis-cap' if u.args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
-    if uses_kl(u.args) and not u.same_ref:
-        ref_model = load_reference(ref, u.device, dist.placed)
+    if u.same_ref:  # a KL to the loaded policy itself: pi_ref = pi_old
+        for s in trained:
+            s.ref_logp = s.old_logp.clone()
+    elif uses_kl(u.args):
+        ref_model = load_reference(ref, u.device, dist.placed if dist else None)
         ref_u = dataclasses.replace(u, model=ref_model, vhead=None)
         for s, lp in zip(trained, sequence_logprobs(ref_u, trained, "ref log-probs")[0]):
             s.ref_logp = lp
@@ -382,7 +351,8 @@ def old_policy_scores(u, episodes, trained, first_minibatch, ref, info):
 
 
 def logprob_mismatch(trained, info, warnings):
-    """Mean |rollout - trainer| log-prob over the tokens that have both (logged; a warning above MISMATCH_WARN)."""
+    """Mean |rollout - trainer| log-prob over the tokens that have both (logged; a warning above MISMATCH_WARN, which
+    run_stage prints with the others)."""
     stored = torch.cat([s.stored_logp for s in trained])
     recomp = torch.cat([s.old_logp for s in trained])
     have = ~torch.isnan(stored)
@@ -390,11 +360,10 @@ def logprob_mismatch(trained, info, warnings):
     if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
         warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
                         "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
-        warn(warnings[-1])
 
 
 def warn(msg):
-    if dist.rank == 0:  # torchrun: one voice
+    if rank0():  # torchrun: one voice
         print(f"[05] warning: {msg}", file=sys.stderr)
 
 
@@ -406,22 +375,29 @@ INFO_LOGGED = ("zero_var_group_share", "logprob_mismatch", "trained_sequences", 
 def accumulate(u, minibatch):
     """Forward/backward one minibatch in micro-batches; gradients add up to d(loss)/d(theta) of the
     whole minibatch because every micro-batch divides by the minibatch's N_B, not its own. -> its log row."""
-    # this process's share (torchrun: balanced by the tokens that will run; skipped sequences cost 0)
-    mine = dist.share(minibatch, cost=lambda s: len(s.ids) if trains(u, s) else 0)
-    # N_B: generated tokens of the whole minibatch, those skipped included (torchrun: the sum of the ranks' counts)
-    n_b, rank_tokens = dist.token_count(sum(s.n for s in mine))
+    mine = minibatch
+    if dist:  # torchrun: this rank's share, balanced by the tokens that will run (skipped sequences cost 0)
+        mine = dist.share(minibatch, cost=lambda s: len(s.ids) if trains(u, s) else 0)
+    # N_B: generated tokens of the whole minibatch, those skipped included
+    n_b = sum(s.n for s in mine)
+    if dist:  # the sum of the ranks' counts, and each rank's (logged)
+        n_b, rank_tokens = dist.token_count(n_b)
     run = sorted((s for s in mine if trains(u, s)), key=lambda s: len(s.ids))  # less padding; the sum is the same
     micro = micro_batches(run, u.args.micro_batch_size, u.args.micro_batch_tokens)
     # the tokens run (clip_frac, approx_kl, entropy average over them) and the sequences with signal (0: no optimizer
-    # step), over the whole minibatch: torchrun's ranks decide together, else they would drift apart
-    n_act, n_signal = dist.all_sum([sum(s.n for s in run), sum(has_signal(u, s) for s in mine)])
+    # step), over the whole minibatch
+    n_act, n_signal = sum(s.n for s in run), sum(has_signal(u, s) for s in mine)
+    if dist:  # the ranks decide together, else they would drift apart
+        n_act, n_signal = dist.all_sum([n_act, n_signal])
     n_act = max(1, n_act)
     m = dict.fromkeys(LOG_TERMS, 0.0) | dict(tokens=n_b, seq_tokens=0, signal_sequences=int(n_signal))
-    filler = lambda: forward(u.model, u.vhead, token_batch(  # noqa: E731  (torchrun --fsdp: a zero-weight micro-batch)
-        [min((s for s in minibatch if trains(u, s)), key=lambda s: len(s.ids))], u.pad_id, u.device), u.amp)
-    for mb in dist.padded(micro, filler):
+    if dist:  # --fsdp: every rank runs as many micro-batches as the busiest, zero-weight ones after its own
+        micro = dist.padded(micro, lambda: forward(u.model, u.vhead, token_batch(
+            [min((s for s in minibatch if trains(u, s)), key=lambda s: len(s.ids))], u.pad_id, u.device), u.amp))
+    for mb in micro:
         micro_step(u, mb, n_b, n_act, m)
-    m = dist.summed_log(m, rank_tokens, u.tis_cap)
+    if dist:  # each term summed over the ranks
+        m = dist.summed_log(m, rank_tokens, u.tis_cap)
     if not u.args.ent_coef:
         m["entropy"] = None
     return m
@@ -432,10 +408,6 @@ def micro_step(u, mb, n_b, n_act, m):
     added to the minibatch's row m."""
     b = token_batch(mb, u.pad_id, u.device, TOKEN_FIELDS)
     logp, ent, v = forward(u.model, u.vhead, b, u.amp, entropy=u.args.ent_coef > 0, chunk=u.chunk)
-    if u.args.algo != "sft" and "old_logp" not in b:  # the first minibatch's shortcut (old_policy_scores):
-        for s, lp in zip(mb, logp.detach().split([s.n for s in mb])):  # pi_old is this forward, detached
-            set_pi_old(u, s, lp.float().cpu())
-        b.update(token_fields(mb, u.device, ("old_logp", "tis_w", "ref_logp")))
     loss, pg_loss, kl, v_loss, ratio = objective(logp, ent, v, b, u.args, n_b)
     loss.backward()
     with torch.no_grad():
@@ -461,8 +433,8 @@ def optimizer_step(u, opt, m):
     m["optimizer_step"] = m["signal_sequences"] > 0
     norms = [0.0] * len(opt.param_groups)
     if m["optimizer_step"]:
-        # torchrun: sum the ranks' gradients first, so that the clipping below sees the norm of the full gradient
-        dist.reduce_gradients([p for g in opt.param_groups for p in g["params"]])
+        if dist:  # sum the ranks' gradients first, so that the clipping below sees the norm of the full gradient
+            dist.reduce_gradients([p for g in opt.param_groups for p in g["params"]])
         norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], u.args.max_grad_norm)) for g in opt.param_groups]
         opt.step()
     opt.zero_grad(set_to_none=True)
@@ -473,13 +445,11 @@ def update(u, opt, epochs, trained, info, warnings):
     """Epochs x minibatches, each minibatch one AdamW step on the gradient accumulated over its micro-batches.
     -> the log, one row per minibatch"""
     log, total = [], sum(len(e) for e in epochs)
-    bar = tqdm(total=total, desc=f"05 {u.args.algo}", disable=total < 5 or dist.rank > 0)
+    bar = tqdm(total=total, desc=f"05 {u.args.algo}", disable=total < 5 or not rank0())
     for epoch, minibatches in enumerate(epochs):
         for minibatch in minibatches:
             ts = time.time()
             m = accumulate(u, minibatch)
-            if u.args.algo != "sft" and trained and "logprob_mismatch" not in info:  # every pi_old is known now
-                logprob_mismatch(trained, info, warnings)
             norms = optimizer_step(u, opt, m)
             dt = time.time() - ts
             m.update(step=len(log), epoch=epoch, grad_norm=math.hypot(*norms), pg_grad_norm=norms[0],
@@ -516,17 +486,9 @@ def check_flags(args):
         fail("--tis-cap is for --algo grpo/ppo only")
     if args.algo != "sft" and args.min_reward is not None:
         fail("--min-reward is for --algo sft only (it would bias an RL update)")
-    if args.fsdp and dist is ONE_PROCESS:  # FSDP2 shards over torchrun's process group
+    if args.fsdp and dist is None:  # FSDP2 shards over torchrun's process group
         fail("--fsdp shards the model over torchrun's processes: run 05 under torchrun --nproc_per_node N, "
              "or drop --fsdp")
-
-
-def variants_from_env():
-    """The test-only VARIANTS named in HARNESS_05_TEST_VARIANTS."""
-    variants = frozenset(v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip())
-    if variants - VARIANTS.keys():
-        fail(f"{VARIANTS_ENV}: unknown {sorted(variants - VARIANTS.keys())} (known: {sorted(VARIANTS)})")
-    return variants
 
 
 def resolve_paths(args):
@@ -567,8 +529,11 @@ def check_inputs(args):
 
 def check_finite(model, vhead, log):
     """The last guard: refuse to write a policy whose loss or weights went non-finite (exit 2, nothing written)."""
-    bad = dist.first_non_finite(list(model.named_parameters()) +
-                                (list(vhead.named_parameters()) if vhead is not None else []))
+    named = list(model.named_parameters()) + (list(vhead.named_parameters()) if vhead is not None else [])
+    if dist:  # --fsdp: each rank checks its own shards, and all of them stop or none
+        bad = dist.first_non_finite(named)
+    else:
+        bad = next((n for n, p in named if not torch.isfinite(p).all()), None)
     loss = next((r["loss"] for r in log if not math.isfinite(r["loss"])), None)
     if bad or loss is not None:
         fail(f"the update made {f'weight {bad}' if bad else 'the loss'} non-finite (loss {loss}); nothing written "
@@ -576,7 +541,7 @@ def check_finite(model, vhead, log):
 
 
 # -------------------------------------------------------------------------- the stage's steps, in order
-def prepare_batch(u, episodes, seqs, ref, shuffle_gen):
+def prepare_batch(u, episodes, seqs, ref, shuffle_gen, warnings):
     """Before any step: the advantages (GRPO: per episode; PPO: GAE per token, after the old values), the sequences
     that train, the minibatches and, for RL, pi_old (+ TIS weights, ref log-probs).
     -> (epochs: [[minibatch: [sequence]]], trained sequences, info)"""
@@ -597,9 +562,10 @@ def prepare_batch(u, episodes, seqs, ref, shuffle_gen):
     orders = [torch.randperm(n, generator=shuffle_gen).tolist() for _ in range(a.epochs)]
     epochs = [[[seqs[k] for k in order[j:j + size]] for j in range(0, n, size)] for order in orders]
     if u.args.algo != "sft" and trained:
-        old_policy_scores(u, episodes, trained, epochs[0][0], ref, info)
+        old_policy_scores(u, episodes, trained, ref, info)
+        logprob_mismatch(trained, info, warnings)
     if u.args.algo == "ppo":  # GAE needs the old values scored above
-        ppo_advantages(seqs, rewards, GAMMA, u.args.lam, whiten="no-norm-adv" not in u.variants)
+        ppo_advantages(seqs, rewards, GAMMA, u.args.lam)
     return epochs, trained, info
 
 
@@ -612,7 +578,8 @@ def make_optimizer(args, model, vhead, policy, info):
     opt = torch.optim.AdamW(param_groups, lr=args.lr, weight_decay=args.weight_decay)
     shapes = [[list(p.shape) for p in g["params"]] for g in param_groups]
     info["optimizer_state"] = ("fresh AdamW state (--no-optimizer-state)" if args.no_optimizer_state else
-                               load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes, dist.my_shards))
+                               load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes,
+                                              dist.my_shards if dist else None))
     print(f"[05] optimizer: {info['optimizer_state']}")
     return opt, shapes
 
@@ -620,13 +587,17 @@ def make_optimizer(args, model, vhead, policy, info):
 def save(args, model, vhead, tok, opt, shapes, log, config):
     """The checkpoint (generation.save_checkpoint), train_log.jsonl and the config beside it, <out> itself last: its
     presence means the stage finished. -> False on torchrun's ranks > 0, which write nothing."""
-    # {model: None (its own state dict), vhead, opt}; torchrun --fsdp: the full ones, gathered on rank 0
-    full = dist.full_state(model, vhead, opt, not args.no_optimizer_state)
-    if dist.rank == 0:  # torchrun: rank 0 alone writes; the others wait for it in dist.finish
+    # {model: None (its own state dict), vhead, opt}
+    full = dict(model=None, vhead=vhead.state_dict() if vhead is not None else None,
+                opt=opt.state_dict() if not args.no_optimizer_state else None)
+    if dist:  # --fsdp: the full ones, gathered on rank 0
+        full = dist.full_state(model, vhead, opt, not args.no_optimizer_state)
+    if rank0():  # torchrun: rank 0 alone writes; the others wait for it in dist.finish
         save_checkpoint(config["out"], model, tok, full, args.algo, shapes, beside={
             "train_log.jsonl": jsonl_text(log), "05_train_config.json": json.dumps(config, indent=2, default=str)})
-    dist.finish()
-    return dist.rank == 0
+    if dist:
+        dist.finish()
+    return rank0()
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -634,7 +605,7 @@ def main(argv=None):
     args = parse_args(argv)
     out = args.out or (Path(args.run) / f"iter_{args.iteration:03d}" / "policy" if args.iteration is not None else None)
     # <out>.lock: one writer per output (under torchrun only rank 0 writes, so only it holds the lock)
-    with locked(Path(str(out) + ".lock")) if out and dist.rank == 0 else contextlib.nullcontext():
+    with locked(Path(str(out) + ".lock")) if out and rank0() else contextlib.nullcontext():
         return run_stage(args)
 
 
@@ -642,8 +613,8 @@ def run_stage(args):
     """The stage in its steps. -> the summary (None on torchrun's ranks > 0)"""
     # ---- flags and inputs: the flags, the paths, every rollout record
     check_flags(args)
-    variants = variants_from_env()
-    dist.init(args.fsdp, "naive-local-nb" in variants)  # torchrun: join the process group
+    if dist:  # torchrun: join the process group
+        dist.init(args.fsdp)
     policy, rollouts, out, ref, episodes, warnings = check_inputs(args)
     # ---- seeding: python, numpy, torch (CPU + CUDA); the minibatch order has its own generator. CPU, fp32: the same
     # bits run after run, with 1 or 2 threads; AVX2 vs AVX512 kernels round otherwise (bench/warmstart_repro.py)
@@ -653,13 +624,14 @@ def run_stage(args):
     amp = bf16_autocast(args.amp, device)  # of the trunk (the LM head stays fp32); GPU: gradient checkpointing too
     # ---- load the policy (+ PPO's value head), refused where its logits are not 05's; the sequences
     probe = next(p + c for e in episodes for p, c, _ in e["turns"] if c)
-    tok, model, vhead, pad_id = load_for_training(policy, device, args.algo == "ppo", probe, dist.placed)
-    seqs = build_sequences(episodes, merge="no-merge-turns" not in variants)
+    tok, model, vhead, pad_id = load_for_training(policy, device, args.algo == "ppo", probe,
+                                                  dist.placed if dist else None)
+    seqs = build_sequences(episodes)
     u = Context(args, model, vhead, pad_id, device, amp, tis_cap=tis_cap_for(args, episodes),
-                same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), variants=variants, chunk=LOGIT_CHUNK)
+                same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), chunk=LOGIT_CHUNK)
     # ---- advantages, minibatches, pi_old
     t0 = time.time()
-    epochs, trained, info = prepare_batch(u, episodes, seqs, ref, shuffle_gen)
+    epochs, trained, info = prepare_batch(u, episodes, seqs, ref, shuffle_gen, warnings)
     prep_s = time.time() - t0
     for w in warnings:
         warn(w)
@@ -679,8 +651,6 @@ def run_stage(args):
     config = dict(args=vars(args), policy=str(policy), rollouts=str(rollouts), out=str(out),
                   ref_policy=str(ref) if uses_kl(args) else None, seed=args.seed, torch=torch.__version__,
                   threads=torch.get_num_threads(), cpu_kernels=torch.backends.cpu.get_cpu_capability(), **summary)
-    if variants:
-        config["test_variants"] = sorted(variants)
     if not save(args, model, vhead, tok, opt, shapes, log, config):
         return None
     print(f"[05] {args.algo}: {info['episodes']} episodes, {info['sequences']} sequences "
@@ -694,7 +664,7 @@ def run_stage(args):
 
 if __name__ == "__main__":
     main()
-    if dist is not ONE_PROCESS:  # torchrun: the checkpoint is written and every rank has left the process group;
+    if dist:  # torchrun: the checkpoint is written and every rank has left the process group;
         sys.stdout.flush()       # end here, without the interpreter's teardown of gloo's C++ threads (it aborted a
         sys.stderr.flush()       # rank once in CI, "terminate called without an active exception", after the work)
         os._exit(0)

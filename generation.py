@@ -501,8 +501,8 @@ def load_for_training(path, device, value_head=False, probe_ids=None, placed=Non
     """A policy checkpoint to train: its tokenizer, the model (fp32 master weights, training mode without dropout,
     gradient checkpointing on a GPU), the pad id and, with value_head (PPO), the value head V(s_t) = w . h_t + b on the
     last hidden state: zeros at first, or value_head.pt saved beside it. probe_ids (token ids of the batch): refused
-    where its logits are not 05's (check_head). placed(model, vhead, device, trunk_and_head) -> both on the device
-    (05's dist; torchrun --fsdp: sharded over the ranks); without it the model stays on the CPU.
+    where its logits are not 05's (check_head). On the device; under torchrun placed(model, vhead, device,
+    trunk_and_head) puts both there instead (distributed.placed; --fsdp: sharded over the ranks).
     -> (tok, model, vhead or None, pad_id)"""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -519,17 +519,18 @@ def load_for_training(path, device, value_head=False, probe_ids=None, placed=Non
             vhead.load_state_dict(torch.load(Path(path) / "value_head.pt", map_location=device))
     if probe_ids is not None:
         check_head(model, probe_ids, path)
-    if placed is not None:
-        model, vhead = placed(model, vhead, device, trunk_and_head)
+    if placed is None:
+        return tok, model.to(device), vhead, pad_id
+    model, vhead = placed(model, vhead, device, trunk_and_head)
     return tok, model, vhead, pad_id
 
 
-def load_reference(path, device, placed):
-    """The KL's reference policy: fp32, never trained, placed on the device as the policy is (05's dist.placed)."""
+def load_reference(path, device, placed=None):
+    """The KL's reference policy: fp32, never trained, on the device as the policy is (torchrun: placed)."""
     import torch
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return placed(model, None, device, trunk_and_head)[0]
+    return model.to(device) if placed is None else placed(model, None, device, trunk_and_head)[0]
 
 
 def train_mode(model, grad_ckpt):
@@ -651,8 +652,8 @@ def score_sequences(model, vhead, seqs, pad_id, device, amp, micro, ranks, desc=
     """Per sequence, the log-probs [n] of its generated tokens under the model's current weights, at the sequence's
     temperature, and with a value head their values [n] (else None), without gradients. -> (log-probs, values): two
     lists in the order of `seqs`. Sequences run sorted by length (in file order the padding was 19-25% of the tokens,
-    sorted ~1%), in micro_batches(sorted, *micro). ranks: 05's dist (its one-process stand-in, or distributed.py:
-    each rank scores its share, padded to the busiest rank's count under --fsdp, then all receive all scores)."""
+    sorted ~1%), in micro_batches(sorted, *micro). ranks: None (one process), or under torchrun distributed.py: each
+    rank scores its share, padded to the busiest rank's count under --fsdp, then all receive all scores."""
     import torch
     from tqdm import tqdm
     model.eval()
@@ -663,15 +664,18 @@ def score_sequences(model, vhead, seqs, pad_id, device, amp, micro, ranks, desc=
 
     def score(mine):  # {id(sequence): (log-probs, values)} of the sequences this process scores (torchrun: its share)
         scores, parts = {}, micro_batches(mine, *micro)
-        for part in tqdm(ranks.padded(parts, lambda: run(by_length[:1])), desc=desc, total=len(parts), leave=False,
-                         disable=len(parts) <= 4 or ranks.rank > 0):
+        quiet = len(parts) <= 4 or (ranks is not None and ranks.rank > 0)
+        total = len(parts)
+        if ranks:  # --fsdp: as many forwards as the busiest rank
+            parts = ranks.padded(parts, lambda: run(by_length[:1]))
+        for part in tqdm(parts, desc=desc, total=total, leave=False, disable=quiet):
             logp, _, v = run(part)
             sizes = [s.n for s in part]
             for s, lp, vv in zip(part, logp.split(sizes), v.split(sizes) if v is not None else [None] * len(part)):
                 scores[id(s)] = (lp.float().cpu(), vv.float().cpu() if vv is not None else None)
         return scores
     with torch.no_grad():
-        scores = ranks.scored(by_length, score, (model, vhead))
+        scores = ranks.scored(by_length, score, (model, vhead)) if ranks else score(by_length)
     model.train()
     return [scores[id(s)][0] for s in seqs], [scores[id(s)][1] for s in seqs]
 
@@ -693,7 +697,7 @@ def micro_batches(seqs, size=8, tokens=None):
     return out + [cur] if cur else out
 
 
-def load_optimizer(opt, path, algo, shapes, shards=lambda state, opt: state):
+def load_optimizer(opt, path, algo, shapes, shards=None):
     """AdamW's moments from optimizer.pt (save_checkpoint's), where the same --algo with the same parameter groups
     (shapes) saved them: a fresh AdamW makes each first step ~lr * sign(g). This run's lr and weight decay stay.
     shards(state, opt): the state each parameter's device keeps (torchrun --fsdp: each rank its shard).
@@ -705,7 +709,7 @@ def load_optimizer(opt, path, algo, shapes, shards=lambda state, opt: state):
     if saved.get("algo") != algo or saved.get("shapes") != shapes:  # e.g. SFT -> RL, GRPO -> PPO (value head)
         return f"fresh AdamW state ({path} was saved by --algo {saved.get('algo')}, other parameter groups)"
     hyper = [(g["lr"], g["weight_decay"]) for g in opt.param_groups]
-    opt.load_state_dict(shards(saved["state"], opt))
+    opt.load_state_dict(shards(saved["state"], opt) if shards else saved["state"])
     for g, (lr, wd) in zip(opt.param_groups, hyper):
         g["lr"], g["weight_decay"] = lr, wd
     steps = int(next(iter(opt.state.values()))["step"]) if opt.state else 0  # 0: saved by an update with no step

@@ -63,7 +63,7 @@ t = time.perf_counter()
 summary = mod.main(argv)
 stats["wall_s"] = time.perf_counter() - t
 stats.update({k: summary.get(k) for k in ("prep_s", "update_s", "first_loss", "last_loss", "sequences",
-                                          "trained_sequences", "gen_tokens", "old_logp_scored", "optimizer_steps")})
+                                          "trained_sequences", "gen_tokens", "optimizer_steps")})
 open(out, "w").write(json.dumps(stats))
 '''
 
