@@ -45,21 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
-from intervals import fmt, pair_means, pass1_ci, task_means, wilson
+from intervals import CI_NOTE, fmt, pair_means, pass1_ci, task_means, wilson
 from plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text, run_child, write_atomic
-from schemas import load_rollouts
+from schemas import COMPONENTS, FRAMEWORKS, SPLIT_TITLES, SPLITS, levels_of, load_rollouts
 
 HERE = Path(__file__).resolve().parent
-# The table's columns (split names; RUN/eval/<label>/<split>.jsonl): Base, In-Space, the two framework columns
-# with native tool calls, then the unseen-call-syntax columns (04's external harnesses; smolagents' text mode).
-SPLITS = ["base", "inspace", "smolagents-native", "pydantic-ai", "external", "smolagents"]
-# A framework column: 04 --harnesses NAME runs its episodes inside the framework; its bridge records this harness id.
-FRAMEWORKS = {"smolagents-native": "X-smolagents-native", "pydantic-ai": "X-pydantic-ai", "smolagents": "X-smolagents"}
-# Column titles: {fw} = the framework and version the episodes recorded (e.g. "pydantic-ai 2.68.0"), {ids} = the
-# split's harness ids
-SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "{fw} native", "pydantic-ai": "{fw}",
-                "external": "Unseen syntax: {ids}", "smolagents": "Unseen syntax: {fw} text"}
-COMPONENTS = ["S", "T", "O", "C", "W"]
 
 
 # ----------------------------------------------------------------------------- Args
@@ -117,14 +107,6 @@ def latest_policy(run):
     if (run / "init_policy").is_dir():
         return run / "init_policy"
     fail(f"{run}: no checkpoint found (no iter_*/policy, no init_policy); pass --policy")
-
-
-def levels_of(harness_id):
-    """'S0-T2-O1-C0-W1' -> {'S': 0, 'T': 2, ...}; None for an out-of-space harness id."""
-    parts = harness_id.split("-")
-    if len(parts) != len(COMPONENTS) or any(p[:1] != c or not p[1:].isdigit() for p, c in zip(parts, COMPONENTS)):
-        return None
-    return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
 
 
 def framework_tasks(args):
@@ -442,9 +424,6 @@ def cell(sp):
 
 
 TRAINED_NOTE = "(trained in): the policy trained inside this framework, so the cell is not a transfer figure."
-CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*) where every task scores 0 or 1; "
-           "where a task's value is a mean over harnesses or samples, Clopper-Pearson on the effective number of "
-           "trials (Korn-Graubard; coverage checked by simulation, docs/metrics.md).")
 
 
 def table(rows):
