@@ -17,6 +17,7 @@ order: flags, load, sequences, advantages, pi_old, the update loop (epochs x min
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -28,11 +29,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from generation import (LOGIT_CHUNK, bf16_autocast, check_policy_folder, forward, load_for_training, load_optimizer,
-                        load_reference, micro_batches, save_checkpoint, score_sequences, token_batch)
+from generation import (bf16_autocast, check_policy_folder, load_for_training, load_optimizer, load_reference,
+                        save_checkpoint)
 from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything
 from schemas import load_train_rollouts
 
+LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk: an fp32 [1024, 151,936] tensor is 0.6 GB
 TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
 MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
 ADV_EPS = 1e-6  # GRPO: A = (r - mean) / (std + eps)
@@ -93,6 +95,13 @@ else:
 def rank0():
     """This process writes and prints: the one process, or torchrun's rank 0."""
     return dist is None or dist.rank == 0
+
+
+def placed(model, vhead, device):
+    """The model (and PPO's value head) on this process's device; torchrun --fsdp: sharded over the ranks."""
+    if dist:
+        return dist.placed(model, vhead, device, trunk_and_head)
+    return model.to(device), vhead
 
 
 # ------------------------------------------------------------------------------------- the algorithm
@@ -239,12 +248,143 @@ def ppo_advantages(seqs, rewards, gamma, lam, whiten=True):
 
 
 # ------------------------------------------------------------------------------- log-probs of a batch
+# log pi_theta(y_t | s_t) of the generated tokens y_t, at the episode's sampling temperature: the trunk over the whole
+# sequence, the LM head only where the next token is a generated one, in chunks of completion tokens.
+def token_batch(seqs, pad_id, device, fields=()):
+    """Right-padded input ids [B, L] of sequences (05's Sequence: ids, mask M_t, n = sum(mask), temp). `sel` marks
+    the positions whose *next* token is a generated one: the logits there predict y_t, so sel is the mask M_t
+    shifted by one. tgt: those tokens y_t [N], row-major; temp: each one's sampling temperature [N]; and each of
+    `fields` the sequences carry per generated token ([n] each, e.g. 05's old_logp, adv) as one [N] tensor."""
+    L = max(len(s.ids) for s in seqs)
+    inp = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
+    sel = torch.zeros((len(seqs), L), dtype=torch.bool)  # [B, L]
+    for b, s in enumerate(seqs):
+        inp[b, :len(s.ids)] = torch.tensor(s.ids)
+        sel[b, :len(s.ids) - 1] = torch.tensor(s.mask[1:], dtype=torch.bool)
+    tgt = inp[:, 1:][sel[:, :-1]]  # [N] the generated tokens y_t, row-major order
+    temp = torch.cat([torch.full((s.n,), s.temp) for s in seqs])  # [N]
+    return dict(inp=inp.to(device), sel=sel.to(device), tgt=tgt.to(device), temp=temp.to(device),
+                tokens=sum(len(s.ids) for s in seqs), **token_fields(seqs, device, fields))
+
+
+def token_fields(seqs, device, fields):
+    """{field: [N]} for each of `fields` the sequences carry per generated token ([n] each), in the order of y_t."""
+    return {k: torch.cat([getattr(s, k) for s in seqs]).to(device) for k in fields if getattr(seqs[0], k) is not None}
+
+
+def lm_head(model, h):
+    """fp32 logits [N, V] from hidden states [N, H], with the scalings the model's own forward applies
+    after its output embedding (this direct path would skip them)."""
+    cfg = model.config
+    # fp32 even under bf16 autocast: bf16 logits of 16-32 move in steps of 0.125 (ratio noise ~ +-0.06)
+    with torch.autocast(h.device.type, enabled=False):
+        logits = model.get_output_embeddings()(h.float())  # [N, V]
+    logits = logits * (getattr(cfg, "logit_scale", None) or 1.0)  # Cohere: z * logit_scale
+    logits = logits / (getattr(cfg, "logits_scaling", None) or 1.0)  # Granite: z / logits_scaling
+    if getattr(cfg, "final_logit_softcapping", None):  # Gemma-2/3: cap * tanh(z / cap)
+        logits = cfg.final_logit_softcapping * torch.tanh(logits / cfg.final_logit_softcapping)
+    return logits
+
+
+def head_logp(model, h, tgt, temp, entropy):
+    """One chunk of hidden states [c, H] -> (log pi(y_t | s_t) [c] at temperature, and with entropy its entropy)."""
+    logp_all = torch.log_softmax(lm_head(model, h) / temp[:, None], dim=-1)  # [c, V] fp32, at the temperature
+    logp = logp_all.gather(1, tgt[:, None]).squeeze(1)  # [c]
+    # H(pi(.|s_t)) = -sum_v p_v log p_v
+    return (logp, -(logp_all.exp() * logp_all).sum(-1)) if entropy else (logp,)  # [c], [c]
+
+
+def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
+    """Hidden states [N, H] of the positions that predict generated tokens, their log-probs [N] at temperature and
+    entropies [N] (entropy=True, for --ent-coef; else None). The LM head runs on those positions only (prompts are
+    most tokens), `chunk` tokens at a time: with gradients and several chunks each is checkpointed (its fp32
+    [chunk, V] tensors recomputed in backward), so peak memory is one chunk's, whatever the micro-batch. Row-wise
+    the same arithmetic as one [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk (the head stays fp32)."""
+    with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
+        # right padding + causal attention: real tokens never attend to the pads, so no attention mask
+        h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
+    h = h[batch["sel"]]  # [N, H]
+    n = h.shape[0]
+    chunk = chunk if chunk and chunk > 0 else max(1, n)
+    ckpt = torch.is_grad_enabled() and n > chunk
+    parts = []
+    for a in range(0, n, chunk):
+        args = (model, h[a:a + chunk], batch["tgt"][a:a + chunk], batch["temp"][a:a + chunk], entropy)
+        parts.append(torch.utils.checkpoint.checkpoint(head_logp, *args, use_reentrant=False) if ckpt
+                     else head_logp(*args))
+    ent = torch.cat([p[1] for p in parts]) if entropy else None  # [N]
+    return h, torch.cat([p[0] for p in parts]), ent  # [N, H], [N], [N]
+
+
+def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
+    """Log-probs (at temperature), entropies (or None) and values of the generated tokens only."""
+    # torchrun --fsdp: model.trunk_and_head is the function above, run through the root unit's hooks (distributed.py)
+    run = getattr(model, "trunk_and_head", None) or functools.partial(trunk_and_head, model)
+    h, logp, ent = run(batch, amp, entropy, chunk)
+    v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
+    return logp, ent, v
+
+
+def micro_batches(seqs, size=8, tokens=None):
+    """Split (length-sorted) sequences into consecutive micro-batches: `size` sequences each, or, with `tokens`
+    (--micro-batch-tokens), greedily as many as keep count x longest (the padded tokens run) <= tokens; a sequence
+    longer than the budget runs alone. The loss does not depend on the split (every part divides by N_B)."""
+    if not tokens:
+        return [seqs[i:i + size] for i in range(0, len(seqs), size)]
+    out, cur, width = [], [], 0
+    for s in seqs:
+        w = max(width, len(s.ids))
+        if cur and w * (len(cur) + 1) > tokens:
+            out.append(cur)
+            cur, w = [], len(s.ids)
+        cur.append(s)
+        width = w
+    return out + [cur] if cur else out
+
+
 def sequence_logprobs(u, seqs, desc="log-probs"):
     """Per sequence, the log-probs [n] of its generated tokens under u.model's current weights, at the sequence's
-    temperature, and with a value head their values [n] (else None): generation.score_sequences, in this update's
-    micro-batches, each torchrun rank its share. -> (log-probs, values): two lists in the order of `seqs`"""
-    return score_sequences(u.model, u.vhead, seqs, u.pad_id, u.device, u.amp,
-                           (u.args.micro_batch_size, u.args.micro_batch_tokens), dist, desc, u.chunk)
+    temperature, and with a value head their values [n] (else None), without gradients (pi_old, pi_ref).
+    -> (log-probs, values): two lists in the order of `seqs`. Sequences run sorted by length (padding ~1% of the
+    tokens; in file order 19-25%), in this update's micro-batches. torchrun: each rank scores its share, padded to the
+    busiest rank's count under --fsdp, then every rank receives every score."""
+    model, vhead = u.model, u.vhead
+    model.eval()
+    by_length = sorted(seqs, key=lambda s: len(s.ids))
+
+    def run(part):
+        return forward(model, vhead, token_batch(part, u.pad_id, u.device), u.amp, chunk=u.chunk)
+
+    def score(mine):  # {id(sequence): (log-probs, values)} of the sequences this process scores (torchrun: its share)
+        scores, parts = {}, micro_batches(mine, u.args.micro_batch_size, u.args.micro_batch_tokens)
+        quiet, total = len(parts) <= 4 or not rank0(), len(parts)
+        if dist:  # --fsdp: as many forwards as the busiest rank
+            parts = dist.padded(parts, lambda: run(by_length[:1]))
+        for part in tqdm(parts, desc=desc, total=total, leave=False, disable=quiet):
+            logp, _, v = run(part)
+            sizes = [s.n for s in part]
+            for s, lp, vv in zip(part, logp.split(sizes), v.split(sizes) if v is not None else [None] * len(part)):
+                scores[id(s)] = (lp.float().cpu(), vv.float().cpu() if vv is not None else None)
+        return scores
+    with torch.no_grad():
+        scores = dist.scored(by_length, score, (model, vhead)) if dist else score(by_length)
+    model.train()
+    return [scores[id(s)][0] for s in seqs], [scores[id(s)][1] for s in seqs]
+
+
+def check_head(model, ids, where):
+    """Refuse a model whose forward computes other logits than base_model + lm_head() below (an
+    unknown logit scaling would silently change every log-prob and ratio)."""
+    model.eval()
+    with torch.no_grad():
+        ids = torch.tensor([ids[:128]], device=model.device)  # [1, L]
+        ref = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)  # [L, V]
+        mine = torch.log_softmax(lm_head(model, model.base_model(input_ids=ids).last_hidden_state[0]), -1)  # [L, V]
+    model.train()
+    err = (ref - mine).abs().max().item()
+    if not err < 1e-3:
+        fail(f"{where}: {model.config.model_type}'s forward applies a logit transformation that 05 does not (max "
+             f"log-prob difference {err:.2g}; known: Gemma-2 soft-capping, Cohere logit_scale, Granite logits_scaling)")
 
 
 # ---------------------------------------------------------------------------------------- the objective
@@ -343,7 +483,7 @@ def old_policy_scores(u, episodes, trained, ref, info):
         for s in trained:
             s.ref_logp = s.old_logp.clone()
     elif uses_kl(u.args):
-        ref_model = load_reference(ref, u.device, dist.placed if dist else None)
+        ref_model = placed(load_reference(ref), None, u.device)[0]
         ref_u = dataclasses.replace(u, model=ref_model, vhead=None)
         for s, lp in zip(trained, sequence_logprobs(ref_u, trained, "ref log-probs")[0]):
             s.ref_logp = lp
@@ -624,8 +764,9 @@ def run_stage(args):
     amp = bf16_autocast(args.amp, device)  # of the trunk (the LM head stays fp32); GPU: gradient checkpointing too
     # ---- load the policy (+ PPO's value head), refused where its logits are not 05's; the sequences
     probe = next(p + c for e in episodes for p, c, _ in e["turns"] if c)
-    tok, model, vhead, pad_id = load_for_training(policy, device, args.algo == "ppo", probe,
-                                                  dist.placed if dist else None)
+    tok, model, vhead, pad_id = load_for_training(policy, device, args.algo == "ppo")
+    check_head(model, probe, policy)  # refused where its logits are not those 05 computes
+    model, vhead = placed(model, vhead, device)
     seqs = build_sequences(episodes)
     u = Context(args, model, vhead, pad_id, device, amp, tis_cap=tis_cap_for(args, episodes),
                 same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), chunk=LOGIT_CHUNK)

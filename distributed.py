@@ -14,7 +14,7 @@ four things do:
 - every forward and backward is a collective, so every rank runs the same number of them: a rank with fewer
   micro-batches (or none) runs zero-weight ones (padded);
 - FSDP2 reduces each gradient to its MEAN over ranks; 05 needs the SUM (sum_gradients);
-- 05 runs model.base_model and the LM head directly, not model.forward: both run inside generation.trunk_and_head,
+- 05 runs model.base_model and the LM head directly, not model.forward: both run inside trunk_and_head (05_train.py),
   registered as a forward method of the root unit, which owns the embeddings, the final norm and the tied LM head;
 - the checkpoint and optimizer.pt are gathered to rank 0 and written in the one-process format (full_state).
 """
@@ -143,7 +143,7 @@ def placed(model, vhead, device, trunk_and_head):
     """The model (and PPO's value head) ready to train on this rank: on its device; --fsdp: sharded in place, one
     unit per decoder layer (the classes transformers never splits, `_no_split_modules`), then the root unit with
     what is left (embeddings, final norm, the LM head tied to the embeddings); the value head its own root unit.
-    trunk_and_head (generation.py's, passed by 05) becomes a forward method of the root unit (its weights are
+    trunk_and_head (05's, passed in) becomes a forward method of the root unit (its weights are
     gathered around it)."""
     if not fsdp:
         return model.to(device), vhead

@@ -19,7 +19,6 @@ import argparse
 import functools
 import importlib.util
 import json
-import os
 import random
 import resource
 import subprocess

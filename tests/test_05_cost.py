@@ -3,7 +3,6 @@ and gradients as one [N, V] pass), micro-batches sized by tokens (--micro-batch-
 once before the first step, and scoring sorted by length."""
 import json
 
-import generation as G
 import pytest
 import torch
 from test_05_train import T05, args_for, as_episodes, grads, load, prepare, random_episodes
@@ -19,7 +18,7 @@ def batch_of(model, recs, temp=0.7):
     seqs = T05.build_sequences(as_episodes(recs))
     for s in seqs:
         s.temp = temp
-    return seqs, G.token_batch(seqs, 0, "cpu", T05.TOKEN_FIELDS)
+    return seqs, T05.token_batch(seqs, 0, "cpu", T05.TOKEN_FIELDS)
 
 
 def today_forward(model, b):
@@ -38,14 +37,14 @@ def test_chunked_head_equals_one_pass(tiny, chunk):
     (ref_logp.sum() + 0.3 * ref_ent.sum()).backward()
     g_ref = grads(model)
     model.zero_grad()
-    logp, ent, _ = G.forward(model, None, b, False, entropy=True, chunk=chunk)
+    logp, ent, _ = T05.forward(model, None, b, False, entropy=True, chunk=chunk)
     torch.testing.assert_close(logp, ref_logp, atol=1e-6, rtol=0)
     torch.testing.assert_close(ent, ref_ent, atol=1e-6, rtol=1e-6)  # ~5.7 nats: float32 ulp 5e-7
     (logp.sum() + 0.3 * ent.sum()).backward()  # through the checkpointed chunks
     scale = g_ref.abs().max().item()
     assert scale > 1 and (grads(model) - g_ref).abs().max() <= 1e-6 * scale  # float32 summation order, relative
     model.zero_grad()
-    logp2, ent2, _ = G.forward(model, None, b, False, chunk=chunk)  # no entropy term: none computed
+    logp2, ent2, _ = T05.forward(model, None, b, False, chunk=chunk)  # no entropy term: none computed
     assert ent2 is None and torch.equal(logp2, logp)
 
 
@@ -63,7 +62,7 @@ def test_chunked_loss_equals_todays_formula(tiny):
         s.ref_logp = s.old_logp - 0.1
     args = args_for("--kl-coef", "0.1", "--ent-coef", "0.01", "--micro-batch-size", "2")
     m = T05.accumulate(T05.Context(args, model, None, 0, "cpu", False, chunk=3), seqs)  # LM head in chunks of 3
-    b = G.token_batch(sorted(seqs, key=lambda s: len(s.ids)), 0, "cpu", T05.TOKEN_FIELDS)
+    b = T05.token_batch(sorted(seqs, key=lambda s: len(s.ids)), 0, "cpu", T05.TOKEN_FIELDS)
     with torch.no_grad():
         logp, ent = today_forward(model, b)
         n_b = b["tgt"].numel()
@@ -78,11 +77,11 @@ def test_chunked_loss_equals_todays_formula(tiny):
 
 def test_micro_batches_by_tokens():
     seqs = [T05.Sequence(ids=[0] * n, mask=[], ep=0, temp=1.0) for n in (3, 4, 4, 6, 9, 30)]
-    parts = G.micro_batches(seqs, tokens=12)
+    parts = T05.micro_batches(seqs, tokens=12)
     assert [len(s.ids) for p in parts for s in p] == [3, 4, 4, 6, 9, 30]  # order kept, nothing lost
     assert all(len(p) * max(len(s.ids) for s in p) <= 12 for p in parts[:-1])
     assert [len(p) for p in parts] == [3, 1, 1, 1]  # 3 x 4 = 12; 6 + 9 would pad to 18; 30 runs alone
-    assert [len(p) for p in G.micro_batches(seqs, size=4)] == [4, 2]
+    assert [len(p) for p in T05.micro_batches(seqs, size=4)] == [4, 2]
 
 
 def test_micro_batch_tokens_do_not_change_the_update(tiny, tmp_path, monkeypatch):
@@ -93,16 +92,16 @@ def test_micro_batch_tokens_do_not_change_the_update(tiny, tmp_path, monkeypatch
     seqs = prepare(model, T05.build_sequences(as_episodes(recs)), T05.grpo_advantages(
         [r["reward"] for r in recs], [r["group_id"] for r in recs])[0])
     g = {}
-    for flags, chunk in ((["--micro-batch-size", "64"], G.LOGIT_CHUNK), (["--micro-batch-tokens", "1"], G.LOGIT_CHUNK),
-                         (["--micro-batch-tokens", "40"], G.LOGIT_CHUNK), (["--micro-batch-tokens", "40"], 2)):
+    for flags, chunk in ((["--micro-batch-size", "64"], T05.LOGIT_CHUNK), (["--micro-batch-tokens", "1"], T05.LOGIT_CHUNK),
+                         (["--micro-batch-tokens", "40"], T05.LOGIT_CHUNK), (["--micro-batch-tokens", "40"], 2)):
         model.zero_grad()
         T05.accumulate(T05.Context(args_for(*flags), model, None, 0, "cpu", False, chunk=chunk), seqs)
         g[f"{' '.join(flags)} chunk {chunk}"] = grads(model)
     for k, v in g.items():
-        torch.testing.assert_close(v, g[f"--micro-batch-size 64 chunk {G.LOGIT_CHUNK}"], atol=1e-7, rtol=1e-5, msg=k)
+        torch.testing.assert_close(v, g[f"--micro-batch-size 64 chunk {T05.LOGIT_CHUNK}"], atol=1e-7, rtol=1e-5, msg=k)
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     params = {}
-    for flags, chunk in ((["--micro-batch-size", "64"], G.LOGIT_CHUNK), (["--micro-batch-tokens", "30"], 4)):
+    for flags, chunk in ((["--micro-batch-size", "64"], T05.LOGIT_CHUNK), (["--micro-batch-tokens", "30"], 4)):
         out = tmp_path / flags[1] / "policy"
         monkeypatch.setattr(T05, "LOGIT_CHUNK", chunk)
         T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"), "--out", str(out),

@@ -5,7 +5,6 @@ import functools
 import json
 import random
 
-import generation as G
 import numpy as np
 import pytest
 import torch
@@ -160,7 +159,7 @@ def test_sequences_mask_exactly_the_completions():
     for s, t in zip(seqs, [t for r in recs for t in r["model_turns"]]):
         assert s.ids == t["prompt_ids"] + t["completion_ids"]
         assert s.mask == [0] * len(t["prompt_ids"]) + [1] * len(t["completion_ids"])
-        b = G.token_batch([s], 0, "cpu", T05.TOKEN_FIELDS)
+        b = T05.token_batch([s], 0, "cpu", T05.TOKEN_FIELDS)
         assert b["tgt"].tolist() == t["completion_ids"]
 
 
@@ -281,7 +280,7 @@ def test_epochs_drive_every_algorithm_and_the_old_flag_name_still_works(tiny, tm
 
 def test_at_most_25_flags_and_the_lm_head_chunk_is_a_constant(capsys):
     """05's --help lists at most 25 flags (issue 29). The LM-head chunk changes no result (test_05_cost), so it is
-    generation.LOGIT_CHUNK, a constant a test sets through Context.chunk, not a flag."""
+    LOGIT_CHUNK, a constant a test sets through Context.chunk, not a flag."""
     import re
     with pytest.raises(SystemExit):
         T05.parse_args(["--help"])
