@@ -4,7 +4,7 @@
         --epochs 6 --lr 3e-3
     python 05_train.py --run runs/toy --iteration 0 --algo grpo --lr 3e-4
     python 05_train.py --run runs/toy --iteration 1 --algo ppo --epochs 2 --minibatches 4 --kl-coef 0.05
-    # N GPUs (or N CPU processes on gloo): the same update, each minibatch split over the ranks (docs/distributed.md)
+    # N GPUs (or N CPU processes on gloo): the same update, each minibatch split over the ranks (docs/engineering.md)
     torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/gpu --iteration 0 --algo grpo
     # ... with the model sharded over the ranks (FSDP2) when its weights + AdamW state do not fit one GPU
     torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/big --iteration 0 --algo grpo --fsdp
@@ -74,7 +74,7 @@ def parse_args(argv=None):
     g.add_argument("--micro-batch-tokens", type=int, help="instead: at most this many padded tokens per micro-batch")
     g.add_argument("--amp", choices=["auto", "bf16", "off"], default="auto", help="bf16 autocast of the trunk (LM "
                    "head fp32): auto = on a GPU with bf16; bf16 = also on a CPU (~1.6x faster with AVX512-BF16/AMX)")
-    g = p.add_argument_group("distributed (torchrun, docs/distributed.md)")
+    g = p.add_argument_group("distributed (torchrun, docs/engineering.md)")
     g.add_argument("--fsdp", action="store_true", help="shard weights, gradients, AdamW state over the ranks (FSDP2)")
     args = p.parse_args(argv)
     if args.epochs is None:
@@ -85,7 +85,7 @@ def parse_args(argv=None):
 # ------------------------------------------------------------------------ one process, or N under torchrun
 # `python 05_train.py` is one process holding every sequence and the whole model: dist is None. Under `torchrun
 # --nproc_per_node N` (it sets LOCAL_RANK) dist is distributed.py, and each `if dist` below is the one point where
-# the N ranks share a step (N = 1 too: one GPU, NCCL and FSDP2). docs/distributed.md.
+# the N ranks share a step (N = 1 too: one GPU, NCCL and FSDP2). docs/engineering.md.
 if "LOCAL_RANK" in os.environ:
     import distributed as dist
 else:
@@ -466,7 +466,7 @@ def tis_cap_for(args, episodes):
 def old_policy_scores(u, episodes, trained, ref, info):
     """pi_old of every trained sequence, before the first step: its log-probs under the rollout's weights (this
     policy) at its episode's temperature, one forward without gradients; with them PPO's old values, the truncated-IS
-    weights and pi_ref (KL). The rollout's own log-probs are not pi_old (docs/rl-cost.md: not bit-equal even on the
+    weights and pi_ref (KL). The rollout's own log-probs are not pi_old (docs/engineering.md: not bit-equal even on the
     hf fp32 path, and vLLM's differ by ~1e-2); they only weigh truncated IS."""
     info["tis_cap"] = u.tis_cap
     old_logp, old_v = sequence_logprobs(u, trained, "old log-probs")

