@@ -138,7 +138,7 @@ class Context:
     amp: bool  # bf16 autocast of the trunk
     tis_cap: float = None  # truncated-IS cap C; None: off
     same_ref: bool = False  # the KL reference is the loaded policy: pi_ref = pi_old
-    chunk: int = LOGIT_CHUNK  # completion tokens per LM-head chunk (generation.trunk_and_head); 0: all at once
+    chunk: int = LOGIT_CHUNK  # completion tokens per LM-head chunk (trunk_and_head); 0: all at once
 
 
 def load_episodes(path, algo, vocab, min_reward=None):
