@@ -805,7 +805,7 @@ def run_stage(args):
 
 if __name__ == "__main__":
     main()
-    if dist:  # torchrun: the checkpoint is written and every rank has left the process group;
-        sys.stdout.flush()       # end here, without the interpreter's teardown of gloo's C++ threads (it aborted a
-        sys.stderr.flush()       # rank once in CI, "terminate called without an active exception", after the work)
+    if dist:  # torchrun: the checkpoint is written and every rank has left the process group. End here: the
+        sys.stdout.flush()  # interpreter's teardown of gloo's C++ threads can abort a rank after the work is done
+        sys.stderr.flush()  # ("terminate called without an active exception")
         os._exit(0)

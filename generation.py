@@ -220,8 +220,8 @@ class VLLMBackend:
         if not cuda:  # vLLM-CPU settings, read from the environment when the engine starts
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # default: 1 core kept for the engine
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; else gpu_memory_utilization x RAM
-            # the engine in this process, not in two more (engine core, worker): on 2 cores it started in 0.42x
-            # the time and decoded in 0.85x (results/vllm_process.md); with it the "uni" executor below
+            # the engine in this process, not in two more (engine core, worker): on 2 cores it starts in 0.42x
+            # the time and decodes in 0.85x (results/vllm_process.md); with it the "uni" executor below
             if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":  # the user's processes: reload's
                 # repack goes to the worker process as a pickled function (collective_rpc); nothing leaves this machine
                 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
