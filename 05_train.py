@@ -29,14 +29,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import off_policy
 from generation import (bf16_autocast, check_policy_folder, load_for_training, load_optimizer, load_reference,
                         save_checkpoint)
 from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything
 from schemas import load_train_rollouts
 
 LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk: an fp32 [1024, 151,936] tensor is 0.6 GB
-TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
-MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
 ADV_EPS = 1e-6  # GRPO: A = (r - mean) / (std + eps)
 GAMMA = 1.0  # PPO: discount over generated tokens (verl's default; the reward is on the episode's last token)
 VF_COEF, VF_CLIP, VF_LR_FACTOR = 0.5, 0.5, 10  # PPO: value-loss weight, value clip, value head lr = 10 x --lr (verl)
@@ -58,7 +57,7 @@ def parse_args(argv=None):
     g.add_argument("--ref-policy", help="KL reference (default: --iteration's DIR/init_policy if any, else --policy)")
     g.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus weight (0: entropy not computed)")
     g.add_argument("--tis-cap", type=float, help=f"truncated IS cap C: each token's term times min(pi_old / "
-                   f"pi_rollout, C); 0 = off. Default {TIS_CAP} where another engine sampled (vLLM, or not fp32)")
+                   f"pi_rollout, C); 0 = off. Default {off_policy.TIS_CAP} where another engine sampled (vLLM, not fp32)")
     g.add_argument("--lam", type=float, default=1.0, help="PPO: GAE lambda (verl's default 1: A_t = R - V_t)")
     g.add_argument("--min-reward", type=float, help="SFT: keep only demonstrations with reward >= this (e.g. 1)")
     g = p.add_argument_group("optimisation")
@@ -442,27 +441,6 @@ def policy_loss(logp, old_logp, adv, clip_eps, n_b, tis_w=None):
 
 
 # ------------------------------------------------------------------------------------------ pi_old
-def sampler_of(episodes):
-    """The engines that sampled the rollouts, e.g. 'vllm/bfloat16' (04 stores `sampler` in every record)."""
-    names = {f"{e['sampler'].get('backend')}/{e['sampler'].get('dtype')}" if isinstance(e["sampler"], dict)
-             else "unknown" for e in episodes}
-    return ", ".join(sorted(names))
-
-
-def tis_cap_for(args, episodes):
-    """The truncated-IS cap C, or None (off): --tis-cap (0 = off); by default on where another engine sampled: vLLM
-    (bf16 kernels, its own sampler) or any dtype but fp32; off where 05's own fp32 forward did (hf float32) or 04
-    did not say. SFT: none (no pi_old)."""
-    if args.algo == "sft":
-        return None
-    if args.tis_cap is not None:
-        return args.tis_cap or None
-    other = any(isinstance(e["sampler"], dict) and (e["sampler"].get("backend") == "vllm" or
-                                                     e["sampler"].get("dtype") not in ("float32", None))
-                for e in episodes)
-    return TIS_CAP if other else None
-
-
 def old_policy_scores(u, episodes, trained, ref, info):
     """pi_old of every trained sequence, before the first step: its log-probs under the rollout's weights (this
     policy) at its episode's temperature, one forward without gradients; with them PPO's old values, the truncated-IS
@@ -472,13 +450,11 @@ def old_policy_scores(u, episodes, trained, ref, info):
     old_logp, old_v = sequence_logprobs(u, trained, "old log-probs")
     for s, lp, v in zip(trained, old_logp, old_v):
         s.old_logp, s.old_v = lp, v
-        if u.tis_cap:
-            # w_t = min(pi_old(y_t | s_t) / pi_rollout(y_t | s_t), C), 1 where 04 stored no log-prob (NaN)
-            w = torch.exp(lp - s.stored_logp).clamp(max=u.tis_cap)  # [n]
-            s.tis_w = torch.where(torch.isnan(w), torch.ones_like(w), w)
+        if u.tis_cap:  # truncated IS: w_t = min(pi_old(y_t | s_t) / pi_rollout(y_t | s_t), C)
+            s.tis_w = off_policy.tis_weights(lp, s.stored_logp, u.tis_cap)
     if u.tis_cap:
         print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {u.tis_cap}) "
-              f"({'--tis-cap' if u.args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
+              f"({'--tis-cap' if u.args.tis_cap else 'default: sampled by ' + off_policy.sampler_of(episodes)})")
     if u.same_ref:  # a KL to the loaded policy itself: pi_ref = pi_old
         for s in trained:
             s.ref_logp = s.old_logp.clone()
@@ -488,18 +464,6 @@ def old_policy_scores(u, episodes, trained, ref, info):
         for s, lp in zip(trained, sequence_logprobs(ref_u, trained, "ref log-probs")[0]):
             s.ref_logp = lp
         del ref_model, ref_u
-
-
-def logprob_mismatch(trained, info, warnings):
-    """Mean |rollout - trainer| log-prob over the tokens that have both (logged; a warning above MISMATCH_WARN, which
-    run_stage prints with the others)."""
-    stored = torch.cat([s.stored_logp for s in trained])
-    recomp = torch.cat([s.old_logp for s in trained])
-    have = ~torch.isnan(stored)
-    info["logprob_mismatch"] = float((stored[have] - recomp[have]).abs().mean()) if have.any() else None
-    if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
-        warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
-                        "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
 
 
 def warn(msg):
@@ -703,7 +667,7 @@ def prepare_batch(u, episodes, seqs, ref, shuffle_gen, warnings):
     epochs = [[[seqs[k] for k in order[j:j + size]] for j in range(0, n, size)] for order in orders]
     if u.args.algo != "sft" and trained:
         old_policy_scores(u, episodes, trained, ref, info)
-        logprob_mismatch(trained, info, warnings)
+        off_policy.logprob_mismatch(trained, info, warnings)
     if u.args.algo == "ppo":  # GAE needs the old values scored above
         ppo_advantages(seqs, rewards, GAMMA, u.args.lam)
     return epochs, trained, info
@@ -768,7 +732,7 @@ def run_stage(args):
     check_head(model, probe, policy)  # refused where its logits are not those 05 computes
     model, vhead = placed(model, vhead, device)
     seqs = build_sequences(episodes)
-    u = Context(args, model, vhead, pad_id, device, amp, tis_cap=tis_cap_for(args, episodes),
+    u = Context(args, model, vhead, pad_id, device, amp, tis_cap=off_policy.tis_cap_for(args, episodes),
                 same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), chunk=LOGIT_CHUNK)
     # ---- advantages, minibatches, pi_old
     t0 = time.time()

@@ -562,7 +562,7 @@ def test_off_policy_warnings_and_kl_reference_printed(tiny, tmp_path, capsys):
                            "--out", str(tmp_path / "b" / "p")])
     err = capsys.readouterr().err
     assert "4 of 4 episodes" in err and "not by the loaded policy" in err
-    assert "logprob_mismatch" in err and s["logprob_mismatch"] > T05.MISMATCH_WARN and len(s["warnings"]) == 2
+    assert "logprob_mismatch" in err and s["logprob_mismatch"] > T05.off_policy.MISMATCH_WARN and len(s["warnings"]) == 2
 
 
 def test_truncated_importance_sampling_by_hand_and_off_by_default(tiny, tmp_path):
