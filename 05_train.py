@@ -12,7 +12,9 @@
 The paper's multi-harness policy optimisation: the clipped surrogate over every generated token of every (task,
 harness, trajectory) of the update batch, pi_old recomputed at the sampling temperature. `run_stage` runs the steps in
 order: flags, load, sequences, advantages, pi_old, the update loop (epochs x minibatches, one AdamW step each, around
-`objective`, its equation above it), save. What it writes, its defaults and its rules: docs/stages.md.
+`objective`, its equation above it), save. The log-probs it trains on are computed here, above the objective. Beside
+it: off_policy.py (truncated IS, where another engine sampled) and, under torchrun only, distributed.py (each
+`if dist:` below). What it writes, its defaults and its rules: docs/stages.md.
 """
 import argparse
 import contextlib
