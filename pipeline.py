@@ -232,6 +232,9 @@ def settings(args):
         fail(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2")
     if len(set(seeds)) != len(seeds):
         fail(f"--seeds {args.seeds}: a seed repeats")
+    if args.experiment and cfg["eval_heldout"] % 2:  # 02 --eval-set: half at distance 1 from the OA, half at 2
+        fail(f"--eval-heldout {cfg['eval_heldout']}: an experiment's In-Space set is half at distance 1 from the OA "
+             "and half at distance 2: give an even number")
     if args.seeds and not args.experiment:
         fail("--seeds is for --experiment (replicates of every method); a single run takes --seed")
     if args.ledger and not args.experiment:
