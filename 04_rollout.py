@@ -10,7 +10,7 @@
         --out runs/toy/eval/heldout.jsonl
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses external \
         --harness-file data/example_harness.json --out /tmp/oracle_external.jsonl
-    # inside agent frameworks (docs/blackbox.md): NAME or NAME:N (first N tasks); pydantic-ai also in train mode
+    # inside agent frameworks (docs/experiments.md): NAME or NAME:N (first N tasks); pydantic-ai also in train mode
     python 04_rollout.py --run runs/toy --eval --policy oracle --harnesses base,smolagents:8,pydantic-ai --out /tmp/o
     python 04_rollout.py --run runs/bb --iteration 0 --harnesses pydantic-ai --group-size 4 --tasks-per-iteration 32
 
@@ -695,7 +695,7 @@ def run_stage(args, engine=None):  # engine: --until's KeptEngine, kept from cal
 
 
 def kept_engine(args):
-    """--until T: iterations u = t .. T-1, one engine for all (its start-up paid once: docs/rl-cost.md): u waits
+    """--until T: iterations u = t .. T-1, one engine for all (its start-up paid once: docs/engineering.md): u waits
     for its policy (05 renames RUN/iter_{u-1:03d}/policy into place last), loads it into the engine
     (generation.KeptEngine) and runs as `--iteration u --seed S+u-t` would (--policy: only u = t's)."""
     engine, t = KeptEngine(), args.iteration

@@ -4,7 +4,7 @@
         --epochs 6 --lr 3e-3
     python 05_train.py --run runs/toy --iteration 0 --algo grpo --lr 3e-4
     python 05_train.py --run runs/toy --iteration 1 --algo ppo --epochs 2 --minibatches 4 --kl-coef 0.05
-    # N GPUs (or N CPU processes on gloo): the same update, each minibatch split over the ranks (docs/distributed.md)
+    # N GPUs (or N CPU processes on gloo): the same update, each minibatch split over the ranks (docs/engineering.md)
     torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/gpu --iteration 0 --algo grpo
     # ... with the model sharded over the ranks (FSDP2) when its weights + AdamW state do not fit one GPU
     torchrun --standalone --nproc_per_node 4 -- 05_train.py --run runs/big --iteration 0 --algo grpo --fsdp
@@ -12,40 +12,35 @@
 The paper's multi-harness policy optimisation: the clipped surrogate over every generated token of every (task,
 harness, trajectory) of the update batch, pi_old recomputed at the sampling temperature. `run_stage` runs the steps in
 order: flags, load, sequences, advantages, pi_old, the update loop (epochs x minibatches, one AdamW step each, around
-`objective`, its equation above it), save. What it writes, its defaults and its rules: docs/stages.md.
+`objective`, its equation above it), save. The log-probs it trains on are computed here, above the objective. Beside
+it: off_policy.py (truncated IS, where another engine sampled) and, under torchrun only, distributed.py (each
+`if dist:` below). What it writes, its defaults and its rules: docs/stages.md.
 """
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from generation import (LOGIT_CHUNK, bf16_autocast, check_policy_folder, forward, load_for_training, load_optimizer,
-                        load_reference, micro_batches, save_checkpoint, score_sequences, token_batch, token_fields)
+import off_policy
+from generation import (bf16_autocast, check_policy_folder, load_for_training, load_optimizer, load_reference,
+                        save_checkpoint)
 from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything
 from schemas import load_train_rollouts
 
-TIS_CAP = 2.0  # truncated IS cap C (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL")
-MISMATCH_WARN = 0.05  # mean |rollout - trainer| log-prob above which 05 warns (bf16 / vLLM: up to ~1e-2)
+LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk: an fp32 [1024, 151,936] tensor is 0.6 GB
 ADV_EPS = 1e-6  # GRPO: A = (r - mean) / (std + eps)
 GAMMA = 1.0  # PPO: discount over generated tokens (verl's default; the reward is on the episode's last token)
 VF_COEF, VF_CLIP, VF_LR_FACTOR = 0.5, 0.5, 10  # PPO: value-loss weight, value clip, value head lr = 10 x --lr (verl)
-VARIANTS_ENV = "HARNESS_05_TEST_VARIANTS"
-VARIANTS = {  # tests and benchmarks only, named in HARNESS_05_TEST_VARIANTS
-    "score-all-old": "score every pi_old apart (no first-minibatch shortcut): the update must not change",
-    "no-skip-zero-adv": "also run the GRPO sequences whose advantage is 0 (they add exactly 0 to the gradient)",
-    "no-merge-turns": "one sequence per model turn, never merged (bench/bench_train.py measures what merging saves)",
-    "no-norm-adv": "PPO: do not whiten the GAE advantages (tests compute the raw ones by hand)",
-    "naive-local-nb": "under torchrun, the biased port: loss over each rank's own N_B, gradients averaged"}
 
 
 def parse_args(argv=None):
@@ -64,7 +59,7 @@ def parse_args(argv=None):
     g.add_argument("--ref-policy", help="KL reference (default: --iteration's DIR/init_policy if any, else --policy)")
     g.add_argument("--ent-coef", type=float, default=0.0, help="entropy bonus weight (0: entropy not computed)")
     g.add_argument("--tis-cap", type=float, help=f"truncated IS cap C: each token's term times min(pi_old / "
-                   f"pi_rollout, C); 0 = off. Default {TIS_CAP} where another engine sampled (vLLM, or not fp32)")
+                   f"pi_rollout, C); 0 = off. Default {off_policy.TIS_CAP} where another engine sampled (vLLM, not fp32)")
     g.add_argument("--lam", type=float, default=1.0, help="PPO: GAE lambda (verl's default 1: A_t = R - V_t)")
     g.add_argument("--min-reward", type=float, help="SFT: keep only demonstrations with reward >= this (e.g. 1)")
     g = p.add_argument_group("optimisation")
@@ -80,7 +75,7 @@ def parse_args(argv=None):
     g.add_argument("--micro-batch-tokens", type=int, help="instead: at most this many padded tokens per micro-batch")
     g.add_argument("--amp", choices=["auto", "bf16", "off"], default="auto", help="bf16 autocast of the trunk (LM "
                    "head fp32): auto = on a GPU with bf16; bf16 = also on a CPU (~1.6x faster with AVX512-BF16/AMX)")
-    g = p.add_argument_group("distributed (torchrun, docs/distributed.md)")
+    g = p.add_argument_group("distributed (torchrun, docs/engineering.md)")
     g.add_argument("--fsdp", action="store_true", help="shard weights, gradients, AdamW state over the ranks (FSDP2)")
     args = p.parse_args(argv)
     if args.epochs is None:
@@ -89,27 +84,25 @@ def parse_args(argv=None):
 
 
 # ------------------------------------------------------------------------ one process, or N under torchrun
-# `python 05_train.py` is one process: it holds every sequence and the whole model, so each step that ranks would
-# share is the identity here. Under `torchrun --nproc_per_node N` (it sets LOCAL_RANK and WORLD_SIZE) `dist` is
-# distributed.py instead: the same names, each a collective over the N ranks (N = 1 too: one GPU, NCCL and FSDP2).
-ONE_PROCESS = types.SimpleNamespace(
-    rank=0, world=1, init=lambda fsdp, naive: None,
-    placed=lambda model, vhead, device, trunk_and_head: (model.to(device), vhead),  # on this process's device
-    share=lambda seqs, cost: seqs,  # this process's share of a minibatch: all of it
-    token_count=lambda n: (n, None),  # -> (N_B, the ranks' counts)
-    all_sum=lambda x: x, summed_log=lambda m, rank_tokens, tis: m,
-    scored=lambda seqs, score, modules: score(seqs),
-    padded=lambda micro_batches, forward_one: micro_batches,
-    reduce_gradients=lambda params: None,
-    first_non_finite=lambda named: next((n for n, p in named if not torch.isfinite(p).all()), None),
-    my_shards=lambda state, opt: state,
-    full_state=lambda model, vhead, opt, with_opt: dict(
-        model=None, vhead=None if vhead is None else vhead.state_dict(), opt=opt.state_dict() if with_opt else None),
-    finish=lambda: None)
-if "LOCAL_RANK" in os.environ:  # started by torchrun
+# `python 05_train.py` is one process holding every sequence and the whole model: dist is None. Under `torchrun
+# --nproc_per_node N` (it sets LOCAL_RANK) dist is distributed.py, and each `if dist` below is the one point where
+# the N ranks share a step (N = 1 too: one GPU, NCCL and FSDP2). docs/engineering.md.
+if "LOCAL_RANK" in os.environ:
     import distributed as dist
 else:
-    dist = ONE_PROCESS
+    dist = None
+
+
+def rank0():
+    """This process writes and prints: the one process, or torchrun's rank 0."""
+    return dist is None or dist.rank == 0
+
+
+def placed(model, vhead, device):
+    """The model (and PPO's value head) on this process's device; torchrun --fsdp: sharded over the ranks."""
+    if dist:
+        return dist.placed(model, vhead, device, trunk_and_head)
+    return model.to(device), vhead
 
 
 # ------------------------------------------------------------------------------------- the algorithm
@@ -123,7 +116,7 @@ class Sequence:
     temp: float  # the episode's sampling temperature: every log-prob is taken at it
     n: int = 0  # generated tokens, sum(mask)
     stored_logp: torch.Tensor = None  # [n] the sampler's log-probs (NaN where 04 stored none): truncated IS
-    # per generated token [n], set before (or, for pi_old of the first minibatch, during) the update
+    # per generated token [n], set before the update
     adv: torch.Tensor = None  # A_t
     ret: torch.Tensor = None  # R_t, PPO's value target
     old_logp: torch.Tensor = None  # log pi_old(y_t | s_t)
@@ -146,8 +139,7 @@ class Context:
     amp: bool  # bf16 autocast of the trunk
     tis_cap: float = None  # truncated-IS cap C; None: off
     same_ref: bool = False  # the KL reference is the loaded policy: pi_ref = pi_old
-    variants: frozenset = frozenset()  # HARNESS_05_TEST_VARIANTS
-    chunk: int = LOGIT_CHUNK  # completion tokens per LM-head chunk (generation.trunk_and_head); 0: all at once
+    chunk: int = LOGIT_CHUNK  # completion tokens per LM-head chunk (trunk_and_head); 0: all at once
 
 
 def load_episodes(path, algo, vocab, min_reward=None):
@@ -197,7 +189,7 @@ def has_signal(u, s):
 
 def trains(u, s):
     """The sequence runs (pi_old, forward, backward): those with signal. N_B still counts the others."""
-    return has_signal(u, s) or "no-skip-zero-adv" in u.variants
+    return has_signal(u, s)
 
 
 def uses_kl(args):
@@ -257,12 +249,143 @@ def ppo_advantages(seqs, rewards, gamma, lam, whiten=True):
 
 
 # ------------------------------------------------------------------------------- log-probs of a batch
+# log pi_theta(y_t | s_t) of the generated tokens y_t, at the episode's sampling temperature: the trunk over the whole
+# sequence, the LM head only where the next token is a generated one, in chunks of completion tokens.
+def token_batch(seqs, pad_id, device, fields=()):
+    """Right-padded input ids [B, L] of sequences (05's Sequence: ids, mask M_t, n = sum(mask), temp). `sel` marks
+    the positions whose *next* token is a generated one: the logits there predict y_t, so sel is the mask M_t
+    shifted by one. tgt: those tokens y_t [N], row-major; temp: each one's sampling temperature [N]; and each of
+    `fields` the sequences carry per generated token ([n] each, e.g. 05's old_logp, adv) as one [N] tensor."""
+    L = max(len(s.ids) for s in seqs)
+    inp = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
+    sel = torch.zeros((len(seqs), L), dtype=torch.bool)  # [B, L]
+    for b, s in enumerate(seqs):
+        inp[b, :len(s.ids)] = torch.tensor(s.ids)
+        sel[b, :len(s.ids) - 1] = torch.tensor(s.mask[1:], dtype=torch.bool)
+    tgt = inp[:, 1:][sel[:, :-1]]  # [N] the generated tokens y_t, row-major order
+    temp = torch.cat([torch.full((s.n,), s.temp) for s in seqs])  # [N]
+    return dict(inp=inp.to(device), sel=sel.to(device), tgt=tgt.to(device), temp=temp.to(device),
+                tokens=sum(len(s.ids) for s in seqs), **token_fields(seqs, device, fields))
+
+
+def token_fields(seqs, device, fields):
+    """{field: [N]} for each of `fields` the sequences carry per generated token ([n] each), in the order of y_t."""
+    return {k: torch.cat([getattr(s, k) for s in seqs]).to(device) for k in fields if getattr(seqs[0], k) is not None}
+
+
+def lm_head(model, h):
+    """fp32 logits [N, V] from hidden states [N, H], with the scalings the model's own forward applies
+    after its output embedding (this direct path would skip them)."""
+    cfg = model.config
+    # fp32 even under bf16 autocast: bf16 logits of 16-32 move in steps of 0.125 (ratio noise ~ +-0.06)
+    with torch.autocast(h.device.type, enabled=False):
+        logits = model.get_output_embeddings()(h.float())  # [N, V]
+    logits = logits * (getattr(cfg, "logit_scale", None) or 1.0)  # Cohere: z * logit_scale
+    logits = logits / (getattr(cfg, "logits_scaling", None) or 1.0)  # Granite: z / logits_scaling
+    if getattr(cfg, "final_logit_softcapping", None):  # Gemma-2/3: cap * tanh(z / cap)
+        logits = cfg.final_logit_softcapping * torch.tanh(logits / cfg.final_logit_softcapping)
+    return logits
+
+
+def head_logp(model, h, tgt, temp, entropy):
+    """One chunk of hidden states [c, H] -> (log pi(y_t | s_t) [c] at temperature, and with entropy its entropy)."""
+    logp_all = torch.log_softmax(lm_head(model, h) / temp[:, None], dim=-1)  # [c, V] fp32, at the temperature
+    logp = logp_all.gather(1, tgt[:, None]).squeeze(1)  # [c]
+    # H(pi(.|s_t)) = -sum_v p_v log p_v
+    return (logp, -(logp_all.exp() * logp_all).sum(-1)) if entropy else (logp,)  # [c], [c]
+
+
+def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
+    """Hidden states [N, H] of the positions that predict generated tokens, their log-probs [N] at temperature and
+    entropies [N] (entropy=True, for --ent-coef; else None). The LM head runs on those positions only (prompts are
+    most tokens), `chunk` tokens at a time: with gradients and several chunks each is checkpointed (its fp32
+    [chunk, V] tensors recomputed in backward), so peak memory is one chunk's, whatever the micro-batch. Row-wise
+    the same arithmetic as one [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk (the head stays fp32)."""
+    with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
+        # right padding + causal attention: real tokens never attend to the pads, so no attention mask
+        h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
+    h = h[batch["sel"]]  # [N, H]
+    n = h.shape[0]
+    chunk = chunk if chunk and chunk > 0 else max(1, n)
+    ckpt = torch.is_grad_enabled() and n > chunk
+    parts = []
+    for a in range(0, n, chunk):
+        args = (model, h[a:a + chunk], batch["tgt"][a:a + chunk], batch["temp"][a:a + chunk], entropy)
+        parts.append(torch.utils.checkpoint.checkpoint(head_logp, *args, use_reentrant=False) if ckpt
+                     else head_logp(*args))
+    ent = torch.cat([p[1] for p in parts]) if entropy else None  # [N]
+    return h, torch.cat([p[0] for p in parts]), ent  # [N, H], [N], [N]
+
+
+def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
+    """Log-probs (at temperature), entropies (or None) and values of the generated tokens only."""
+    # torchrun --fsdp: model.trunk_and_head is the function above, run through the root unit's hooks (distributed.py)
+    run = getattr(model, "trunk_and_head", None) or functools.partial(trunk_and_head, model)
+    h, logp, ent = run(batch, amp, entropy, chunk)
+    v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
+    return logp, ent, v
+
+
+def micro_batches(seqs, size=8, tokens=None):
+    """Split (length-sorted) sequences into consecutive micro-batches: `size` sequences each, or, with `tokens`
+    (--micro-batch-tokens), greedily as many as keep count x longest (the padded tokens run) <= tokens; a sequence
+    longer than the budget runs alone. The loss does not depend on the split (every part divides by N_B)."""
+    if not tokens:
+        return [seqs[i:i + size] for i in range(0, len(seqs), size)]
+    out, cur, width = [], [], 0
+    for s in seqs:
+        w = max(width, len(s.ids))
+        if cur and w * (len(cur) + 1) > tokens:
+            out.append(cur)
+            cur, w = [], len(s.ids)
+        cur.append(s)
+        width = w
+    return out + [cur] if cur else out
+
+
 def sequence_logprobs(u, seqs, desc="log-probs"):
     """Per sequence, the log-probs [n] of its generated tokens under u.model's current weights, at the sequence's
-    temperature, and with a value head their values [n] (else None): generation.score_sequences, in this update's
-    micro-batches, each torchrun rank its share. -> (log-probs, values): two lists in the order of `seqs`"""
-    return score_sequences(u.model, u.vhead, seqs, u.pad_id, u.device, u.amp,
-                           (u.args.micro_batch_size, u.args.micro_batch_tokens), dist, desc, u.chunk)
+    temperature, and with a value head their values [n] (else None), without gradients (pi_old, pi_ref).
+    -> (log-probs, values): two lists in the order of `seqs`. Sequences run sorted by length (padding ~1% of the
+    tokens; in file order 19-25%), in this update's micro-batches. torchrun: each rank scores its share, padded to the
+    busiest rank's count under --fsdp, then every rank receives every score."""
+    model, vhead = u.model, u.vhead
+    model.eval()
+    by_length = sorted(seqs, key=lambda s: len(s.ids))
+
+    def run(part):
+        return forward(model, vhead, token_batch(part, u.pad_id, u.device), u.amp, chunk=u.chunk)
+
+    def score(mine):  # {id(sequence): (log-probs, values)} of the sequences this process scores (torchrun: its share)
+        scores, parts = {}, micro_batches(mine, u.args.micro_batch_size, u.args.micro_batch_tokens)
+        quiet, total = len(parts) <= 4 or not rank0(), len(parts)
+        if dist:  # --fsdp: as many forwards as the busiest rank
+            parts = dist.padded(parts, lambda: run(by_length[:1]))
+        for part in tqdm(parts, desc=desc, total=total, leave=False, disable=quiet):
+            logp, _, v = run(part)
+            sizes = [s.n for s in part]
+            for s, lp, vv in zip(part, logp.split(sizes), v.split(sizes) if v is not None else [None] * len(part)):
+                scores[id(s)] = (lp.float().cpu(), vv.float().cpu() if vv is not None else None)
+        return scores
+    with torch.no_grad():
+        scores = dist.scored(by_length, score, (model, vhead)) if dist else score(by_length)
+    model.train()
+    return [scores[id(s)][0] for s in seqs], [scores[id(s)][1] for s in seqs]
+
+
+def check_head(model, ids, where):
+    """Refuse a model whose forward computes other logits than base_model + lm_head() below (an
+    unknown logit scaling would silently change every log-prob and ratio)."""
+    model.eval()
+    with torch.no_grad():
+        ids = torch.tensor([ids[:128]], device=model.device)  # [1, L]
+        ref = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)  # [L, V]
+        mine = torch.log_softmax(lm_head(model, model.base_model(input_ids=ids).last_hidden_state[0]), -1)  # [L, V]
+    model.train()
+    err = (ref - mine).abs().max().item()
+    if not err < 1e-3:
+        fail(f"{where}: {model.config.model_type}'s forward applies a logit transformation that 05 does not (max "
+             f"log-prob difference {err:.2g}; known: Gemma-2 soft-capping, Cohere logit_scale, Granite logits_scaling)")
 
 
 # ---------------------------------------------------------------------------------------- the objective
@@ -320,81 +443,33 @@ def policy_loss(logp, old_logp, adv, clip_eps, n_b, tis_w=None):
 
 
 # ------------------------------------------------------------------------------------------ pi_old
-def sampler_of(episodes):
-    """The engines that sampled the rollouts, e.g. 'vllm/bfloat16' (04 stores `sampler` in every record)."""
-    names = {f"{e['sampler'].get('backend')}/{e['sampler'].get('dtype')}" if isinstance(e["sampler"], dict)
-             else "unknown" for e in episodes}
-    return ", ".join(sorted(names))
-
-
-def tis_cap_for(args, episodes):
-    """The truncated-IS cap C, or None (off): --tis-cap (0 = off); by default on where another engine sampled: vLLM
-    (bf16 kernels, its own sampler) or any dtype but fp32; off where 05's own fp32 forward did (hf float32) or 04
-    did not say. SFT: none (no pi_old)."""
-    if args.algo == "sft":
-        return None
-    if args.tis_cap is not None:
-        return args.tis_cap or None
-    other = any(isinstance(e["sampler"], dict) and (e["sampler"].get("backend") == "vllm" or
-                                                     e["sampler"].get("dtype") not in ("float32", None))
-                for e in episodes)
-    return TIS_CAP if other else None
-
-
-def set_pi_old(u, s, old_logp):
-    """A sequence's pi_old [n], and what is derived from it: the truncated-IS weights and, for a KL to this same
-    policy, pi_ref = pi_old."""
-    s.old_logp = old_logp
-    if u.tis_cap:
-        # w_t = min(pi_old(y_t | s_t) / pi_rollout(y_t | s_t), C), 1 where 04 stored no log-prob (NaN)
-        w = torch.exp(old_logp - s.stored_logp).clamp(max=u.tis_cap)  # [n]
-        s.tis_w = torch.where(torch.isnan(w), torch.ones_like(w), w)
-    if u.same_ref:
-        s.ref_logp = old_logp.clone()
-
-
-def old_policy_scores(u, episodes, trained, first_minibatch, ref, info):
-    """Sets pi_old (the log-probs under the rollout's weights, this policy, at each episode's temperature), the old
-    values (PPO), the TIS weights and pi_ref (KL) of the trained sequences. The rollout's own log-probs are not used
-    as pi_old (docs/rl-cost.md: not bit-equal even on the hf fp32 path, and vLLM's differ by ~1e-2)."""
+def old_policy_scores(u, episodes, trained, ref, info):
+    """pi_old of every trained sequence, before the first step: its log-probs under the rollout's weights (this
+    policy) at its episode's temperature, one forward without gradients; with them PPO's old values, the truncated-IS
+    weights and pi_ref (KL). The rollout's own log-probs are not pi_old (docs/engineering.md: not bit-equal even on the
+    hf fp32 path, and vLLM's differ by ~1e-2); they only weigh truncated IS."""
     info["tis_cap"] = u.tis_cap
-    # The first minibatch's shortcut (GRPO, one process): it trains at exactly the rollout's weights (no step yet,
-    # dropout off, same sequences and temperature), so its own forward IS pi_old: micro_step takes pi_old from it,
-    # detached. What it saves: docs/stages.md. PPO scores everything (GAE needs the old values before any step); so
-    # does torchrun (a rank would miss the pi_old of sequences another rank ran).
-    shortcut = u.args.algo == "grpo" and dist.world == 1 and "score-all-old" not in u.variants
-    first = {id(s) for s in first_minibatch} if shortcut else set()
-    scored = [s for s in trained if id(s) not in first]
-    info["old_logp_scored"] = len(scored)  # sequences scored apart (the rest: pi_old from the first forward)
-    old_logp, old_v = sequence_logprobs(u, scored, "old log-probs")
-    for s, lp, v in zip(scored, old_logp, old_v):
-        s.old_v = v
-        set_pi_old(u, s, lp)
+    old_logp, old_v = sequence_logprobs(u, trained, "old log-probs")
+    for s, lp, v in zip(trained, old_logp, old_v):
+        s.old_logp, s.old_v = lp, v
+        if u.tis_cap:  # truncated IS: w_t = min(pi_old(y_t | s_t) / pi_rollout(y_t | s_t), C)
+            s.tis_w = off_policy.tis_weights(lp, s.stored_logp, u.tis_cap)
     if u.tis_cap:
         print(f"[05] truncated IS on: w_t = min(pi_old / pi_rollout, {u.tis_cap}) "
-              f"({'--tis-cap' if u.args.tis_cap else 'default: sampled by ' + sampler_of(episodes)})")
-    if uses_kl(u.args) and not u.same_ref:
-        ref_model = load_reference(ref, u.device, dist.placed)
+              f"({'--tis-cap' if u.args.tis_cap else 'default: sampled by ' + off_policy.sampler_of(episodes)})")
+    if u.same_ref:  # a KL to the loaded policy itself: pi_ref = pi_old
+        for s in trained:
+            s.ref_logp = s.old_logp.clone()
+    elif uses_kl(u.args):
+        ref_model = placed(load_reference(ref), None, u.device)[0]
         ref_u = dataclasses.replace(u, model=ref_model, vhead=None)
         for s, lp in zip(trained, sequence_logprobs(ref_u, trained, "ref log-probs")[0]):
             s.ref_logp = lp
         del ref_model, ref_u
 
 
-def logprob_mismatch(trained, info, warnings):
-    """Mean |rollout - trainer| log-prob over the tokens that have both (logged; a warning above MISMATCH_WARN)."""
-    stored = torch.cat([s.stored_logp for s in trained])
-    recomp = torch.cat([s.old_logp for s in trained])
-    have = ~torch.isnan(stored)
-    info["logprob_mismatch"] = float((stored[have] - recomp[have]).abs().mean()) if have.any() else None
-    if (info["logprob_mismatch"] or 0) > MISMATCH_WARN:
-        warnings.append(f"logprob_mismatch {info['logprob_mismatch']:.3g} > {MISMATCH_WARN}: the rollouts were not "
-                        "sampled by these weights at the recorded temperature (off-policy; see --tis-cap)")
-        warn(warnings[-1])
-
-
 def warn(msg):
-    if dist.rank == 0:  # torchrun: one voice
+    if rank0():  # torchrun: one voice
         print(f"[05] warning: {msg}", file=sys.stderr)
 
 
@@ -406,22 +481,29 @@ INFO_LOGGED = ("zero_var_group_share", "logprob_mismatch", "trained_sequences", 
 def accumulate(u, minibatch):
     """Forward/backward one minibatch in micro-batches; gradients add up to d(loss)/d(theta) of the
     whole minibatch because every micro-batch divides by the minibatch's N_B, not its own. -> its log row."""
-    # this process's share (torchrun: balanced by the tokens that will run; skipped sequences cost 0)
-    mine = dist.share(minibatch, cost=lambda s: len(s.ids) if trains(u, s) else 0)
-    # N_B: generated tokens of the whole minibatch, those skipped included (torchrun: the sum of the ranks' counts)
-    n_b, rank_tokens = dist.token_count(sum(s.n for s in mine))
+    mine = minibatch
+    if dist:  # torchrun: this rank's share, balanced by the tokens that will run (skipped sequences cost 0)
+        mine = dist.share(minibatch, cost=lambda s: len(s.ids) if trains(u, s) else 0)
+    # N_B: generated tokens of the whole minibatch, those skipped included
+    n_b = sum(s.n for s in mine)
+    if dist:  # the sum of the ranks' counts, and each rank's (logged)
+        n_b, rank_tokens = dist.token_count(n_b)
     run = sorted((s for s in mine if trains(u, s)), key=lambda s: len(s.ids))  # less padding; the sum is the same
     micro = micro_batches(run, u.args.micro_batch_size, u.args.micro_batch_tokens)
     # the tokens run (clip_frac, approx_kl, entropy average over them) and the sequences with signal (0: no optimizer
-    # step), over the whole minibatch: torchrun's ranks decide together, else they would drift apart
-    n_act, n_signal = dist.all_sum([sum(s.n for s in run), sum(has_signal(u, s) for s in mine)])
+    # step), over the whole minibatch
+    n_act, n_signal = sum(s.n for s in run), sum(has_signal(u, s) for s in mine)
+    if dist:  # the ranks decide together, else they would drift apart
+        n_act, n_signal = dist.all_sum([n_act, n_signal])
     n_act = max(1, n_act)
     m = dict.fromkeys(LOG_TERMS, 0.0) | dict(tokens=n_b, seq_tokens=0, signal_sequences=int(n_signal))
-    filler = lambda: forward(u.model, u.vhead, token_batch(  # noqa: E731  (torchrun --fsdp: a zero-weight micro-batch)
-        [min((s for s in minibatch if trains(u, s)), key=lambda s: len(s.ids))], u.pad_id, u.device), u.amp)
-    for mb in dist.padded(micro, filler):
+    if dist:  # --fsdp: every rank runs as many micro-batches as the busiest, zero-weight ones after its own
+        micro = dist.padded(micro, lambda: forward(u.model, u.vhead, token_batch(
+            [min((s for s in minibatch if trains(u, s)), key=lambda s: len(s.ids))], u.pad_id, u.device), u.amp))
+    for mb in micro:
         micro_step(u, mb, n_b, n_act, m)
-    m = dist.summed_log(m, rank_tokens, u.tis_cap)
+    if dist:  # each term summed over the ranks
+        m = dist.summed_log(m, rank_tokens, u.tis_cap)
     if not u.args.ent_coef:
         m["entropy"] = None
     return m
@@ -432,10 +514,6 @@ def micro_step(u, mb, n_b, n_act, m):
     added to the minibatch's row m."""
     b = token_batch(mb, u.pad_id, u.device, TOKEN_FIELDS)
     logp, ent, v = forward(u.model, u.vhead, b, u.amp, entropy=u.args.ent_coef > 0, chunk=u.chunk)
-    if u.args.algo != "sft" and "old_logp" not in b:  # the first minibatch's shortcut (old_policy_scores):
-        for s, lp in zip(mb, logp.detach().split([s.n for s in mb])):  # pi_old is this forward, detached
-            set_pi_old(u, s, lp.float().cpu())
-        b.update(token_fields(mb, u.device, ("old_logp", "tis_w", "ref_logp")))
     loss, pg_loss, kl, v_loss, ratio = objective(logp, ent, v, b, u.args, n_b)
     loss.backward()
     with torch.no_grad():
@@ -461,8 +539,8 @@ def optimizer_step(u, opt, m):
     m["optimizer_step"] = m["signal_sequences"] > 0
     norms = [0.0] * len(opt.param_groups)
     if m["optimizer_step"]:
-        # torchrun: sum the ranks' gradients first, so that the clipping below sees the norm of the full gradient
-        dist.reduce_gradients([p for g in opt.param_groups for p in g["params"]])
+        if dist:  # sum the ranks' gradients first, so that the clipping below sees the norm of the full gradient
+            dist.reduce_gradients([p for g in opt.param_groups for p in g["params"]])
         norms = [float(torch.nn.utils.clip_grad_norm_(g["params"], u.args.max_grad_norm)) for g in opt.param_groups]
         opt.step()
     opt.zero_grad(set_to_none=True)
@@ -473,13 +551,11 @@ def update(u, opt, epochs, trained, info, warnings):
     """Epochs x minibatches, each minibatch one AdamW step on the gradient accumulated over its micro-batches.
     -> the log, one row per minibatch"""
     log, total = [], sum(len(e) for e in epochs)
-    bar = tqdm(total=total, desc=f"05 {u.args.algo}", disable=total < 5 or dist.rank > 0)
+    bar = tqdm(total=total, desc=f"05 {u.args.algo}", disable=total < 5 or not rank0())
     for epoch, minibatches in enumerate(epochs):
         for minibatch in minibatches:
             ts = time.time()
             m = accumulate(u, minibatch)
-            if u.args.algo != "sft" and trained and "logprob_mismatch" not in info:  # every pi_old is known now
-                logprob_mismatch(trained, info, warnings)
             norms = optimizer_step(u, opt, m)
             dt = time.time() - ts
             m.update(step=len(log), epoch=epoch, grad_norm=math.hypot(*norms), pg_grad_norm=norms[0],
@@ -516,17 +592,9 @@ def check_flags(args):
         fail("--tis-cap is for --algo grpo/ppo only")
     if args.algo != "sft" and args.min_reward is not None:
         fail("--min-reward is for --algo sft only (it would bias an RL update)")
-    if args.fsdp and dist is ONE_PROCESS:  # FSDP2 shards over torchrun's process group
+    if args.fsdp and dist is None:  # FSDP2 shards over torchrun's process group
         fail("--fsdp shards the model over torchrun's processes: run 05 under torchrun --nproc_per_node N, "
              "or drop --fsdp")
-
-
-def variants_from_env():
-    """The test-only VARIANTS named in HARNESS_05_TEST_VARIANTS."""
-    variants = frozenset(v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip())
-    if variants - VARIANTS.keys():
-        fail(f"{VARIANTS_ENV}: unknown {sorted(variants - VARIANTS.keys())} (known: {sorted(VARIANTS)})")
-    return variants
 
 
 def resolve_paths(args):
@@ -567,8 +635,11 @@ def check_inputs(args):
 
 def check_finite(model, vhead, log):
     """The last guard: refuse to write a policy whose loss or weights went non-finite (exit 2, nothing written)."""
-    bad = dist.first_non_finite(list(model.named_parameters()) +
-                                (list(vhead.named_parameters()) if vhead is not None else []))
+    named = list(model.named_parameters()) + (list(vhead.named_parameters()) if vhead is not None else [])
+    if dist:  # --fsdp: each rank checks its own shards, and all of them stop or none
+        bad = dist.first_non_finite(named)
+    else:
+        bad = next((n for n, p in named if not torch.isfinite(p).all()), None)
     loss = next((r["loss"] for r in log if not math.isfinite(r["loss"])), None)
     if bad or loss is not None:
         fail(f"the update made {f'weight {bad}' if bad else 'the loss'} non-finite (loss {loss}); nothing written "
@@ -576,7 +647,7 @@ def check_finite(model, vhead, log):
 
 
 # -------------------------------------------------------------------------- the stage's steps, in order
-def prepare_batch(u, episodes, seqs, ref, shuffle_gen):
+def prepare_batch(u, episodes, seqs, ref, shuffle_gen, warnings):
     """Before any step: the advantages (GRPO: per episode; PPO: GAE per token, after the old values), the sequences
     that train, the minibatches and, for RL, pi_old (+ TIS weights, ref log-probs).
     -> (epochs: [[minibatch: [sequence]]], trained sequences, info)"""
@@ -597,9 +668,10 @@ def prepare_batch(u, episodes, seqs, ref, shuffle_gen):
     orders = [torch.randperm(n, generator=shuffle_gen).tolist() for _ in range(a.epochs)]
     epochs = [[[seqs[k] for k in order[j:j + size]] for j in range(0, n, size)] for order in orders]
     if u.args.algo != "sft" and trained:
-        old_policy_scores(u, episodes, trained, epochs[0][0], ref, info)
+        old_policy_scores(u, episodes, trained, ref, info)
+        off_policy.logprob_mismatch(trained, info, warnings)
     if u.args.algo == "ppo":  # GAE needs the old values scored above
-        ppo_advantages(seqs, rewards, GAMMA, u.args.lam, whiten="no-norm-adv" not in u.variants)
+        ppo_advantages(seqs, rewards, GAMMA, u.args.lam)
     return epochs, trained, info
 
 
@@ -612,7 +684,8 @@ def make_optimizer(args, model, vhead, policy, info):
     opt = torch.optim.AdamW(param_groups, lr=args.lr, weight_decay=args.weight_decay)
     shapes = [[list(p.shape) for p in g["params"]] for g in param_groups]
     info["optimizer_state"] = ("fresh AdamW state (--no-optimizer-state)" if args.no_optimizer_state else
-                               load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes, dist.my_shards))
+                               load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes,
+                                              dist.my_shards if dist else None))
     print(f"[05] optimizer: {info['optimizer_state']}")
     return opt, shapes
 
@@ -620,13 +693,17 @@ def make_optimizer(args, model, vhead, policy, info):
 def save(args, model, vhead, tok, opt, shapes, log, config):
     """The checkpoint (generation.save_checkpoint), train_log.jsonl and the config beside it, <out> itself last: its
     presence means the stage finished. -> False on torchrun's ranks > 0, which write nothing."""
-    # {model: None (its own state dict), vhead, opt}; torchrun --fsdp: the full ones, gathered on rank 0
-    full = dist.full_state(model, vhead, opt, not args.no_optimizer_state)
-    if dist.rank == 0:  # torchrun: rank 0 alone writes; the others wait for it in dist.finish
+    # {model: None (its own state dict), vhead, opt}
+    full = dict(model=None, vhead=vhead.state_dict() if vhead is not None else None,
+                opt=opt.state_dict() if not args.no_optimizer_state else None)
+    if dist:  # --fsdp: the full ones, gathered on rank 0
+        full = dist.full_state(model, vhead, opt, not args.no_optimizer_state)
+    if rank0():  # torchrun: rank 0 alone writes; the others wait for it in dist.finish
         save_checkpoint(config["out"], model, tok, full, args.algo, shapes, beside={
             "train_log.jsonl": jsonl_text(log), "05_train_config.json": json.dumps(config, indent=2, default=str)})
-    dist.finish()
-    return dist.rank == 0
+    if dist:
+        dist.finish()
+    return rank0()
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -634,7 +711,7 @@ def main(argv=None):
     args = parse_args(argv)
     out = args.out or (Path(args.run) / f"iter_{args.iteration:03d}" / "policy" if args.iteration is not None else None)
     # <out>.lock: one writer per output (under torchrun only rank 0 writes, so only it holds the lock)
-    with locked(Path(str(out) + ".lock")) if out and dist.rank == 0 else contextlib.nullcontext():
+    with locked(Path(str(out) + ".lock")) if out and rank0() else contextlib.nullcontext():
         return run_stage(args)
 
 
@@ -642,8 +719,8 @@ def run_stage(args):
     """The stage in its steps. -> the summary (None on torchrun's ranks > 0)"""
     # ---- flags and inputs: the flags, the paths, every rollout record
     check_flags(args)
-    variants = variants_from_env()
-    dist.init(args.fsdp, "naive-local-nb" in variants)  # torchrun: join the process group
+    if dist:  # torchrun: join the process group
+        dist.init(args.fsdp)
     policy, rollouts, out, ref, episodes, warnings = check_inputs(args)
     # ---- seeding: python, numpy, torch (CPU + CUDA); the minibatch order has its own generator. CPU, fp32: the same
     # bits run after run, with 1 or 2 threads; AVX2 vs AVX512 kernels round otherwise (bench/warmstart_repro.py)
@@ -653,13 +730,15 @@ def run_stage(args):
     amp = bf16_autocast(args.amp, device)  # of the trunk (the LM head stays fp32); GPU: gradient checkpointing too
     # ---- load the policy (+ PPO's value head), refused where its logits are not 05's; the sequences
     probe = next(p + c for e in episodes for p, c, _ in e["turns"] if c)
-    tok, model, vhead, pad_id = load_for_training(policy, device, args.algo == "ppo", probe, dist.placed)
-    seqs = build_sequences(episodes, merge="no-merge-turns" not in variants)
-    u = Context(args, model, vhead, pad_id, device, amp, tis_cap=tis_cap_for(args, episodes),
-                same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), variants=variants, chunk=LOGIT_CHUNK)
+    tok, model, vhead, pad_id = load_for_training(policy, device, args.algo == "ppo")
+    check_head(model, probe, policy)  # refused where its logits are not those 05 computes
+    model, vhead = placed(model, vhead, device)
+    seqs = build_sequences(episodes)
+    u = Context(args, model, vhead, pad_id, device, amp, tis_cap=off_policy.tis_cap_for(args, episodes),
+                same_ref=uses_kl(args) and ref.resolve() == policy.resolve(), chunk=LOGIT_CHUNK)
     # ---- advantages, minibatches, pi_old
     t0 = time.time()
-    epochs, trained, info = prepare_batch(u, episodes, seqs, ref, shuffle_gen)
+    epochs, trained, info = prepare_batch(u, episodes, seqs, ref, shuffle_gen, warnings)
     prep_s = time.time() - t0
     for w in warnings:
         warn(w)
@@ -679,8 +758,6 @@ def run_stage(args):
     config = dict(args=vars(args), policy=str(policy), rollouts=str(rollouts), out=str(out),
                   ref_policy=str(ref) if uses_kl(args) else None, seed=args.seed, torch=torch.__version__,
                   threads=torch.get_num_threads(), cpu_kernels=torch.backends.cpu.get_cpu_capability(), **summary)
-    if variants:
-        config["test_variants"] = sorted(variants)
     if not save(args, model, vhead, tok, opt, shapes, log, config):
         return None
     print(f"[05] {args.algo}: {info['episodes']} episodes, {info['sequences']} sequences "
@@ -694,7 +771,7 @@ def run_stage(args):
 
 if __name__ == "__main__":
     main()
-    if dist is not ONE_PROCESS:  # torchrun: the checkpoint is written and every rank has left the process group;
-        sys.stdout.flush()       # end here, without the interpreter's teardown of gloo's C++ threads (it aborted a
-        sys.stderr.flush()       # rank once in CI, "terminate called without an active exception", after the work)
+    if dist:  # torchrun: the checkpoint is written and every rank has left the process group. End here: the
+        sys.stdout.flush()  # interpreter's teardown of gloo's C++ threads can abort a rank after the work is done
+        sys.stderr.flush()  # ("terminate called without an active exception")
         os._exit(0)

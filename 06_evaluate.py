@@ -3,7 +3,7 @@
 The paper's evaluation (summary, "Experiment"): pass@1 on (1) the base harness, (2) held-out
 configurations of the factorised space H that were never trained on (in-space combinatorial
 generalisation, H minus H_tr), and (3) real agent frameworks outside the space, which call tools in the
-model's own function-calling format (docs/blackbox.md): smolagents' ToolCallingAgent with native tool calls
+model's own function-calling format (docs/experiments.md): smolagents' ToolCallingAgent with native tool calls
 (the paper's Claude Code column: every policy is evaluated in it, none trains in it) and pydantic-ai's Agent
 (the OpenClaw column: the black-box baselines train in it, so for them it is marked "trained in", not a
 transfer figure). Two more columns hold harnesses whose call syntax no policy has seen: X-shell and X-react
@@ -11,7 +11,8 @@ transfer figure). Two more columns hold harnesses whose call syntax no policy ha
 framework column is titled by the framework and version its episodes ran in.
 
 This stage owns no environment: it asks stage 04 (eval mode) for the rollouts of each split and
-scores them. Everything it prints is computed from those rollout files.
+scores them (eval_rollouts.py: one 04 call; files already there reused only when the same checkpoint and
+settings made them). Everything it prints is computed from those rollout files.
 
     # evaluate the run's latest checkpoint (or --policy PATH) and label the row
     python 06_evaluate.py --run runs/default --label harness-scaling
@@ -36,30 +37,19 @@ Writes  RUN/eval/<label>/<split>.jsonl  (rollouts made by 04 --eval), one per sp
         RUN/eval/<label>/summary.json                    (this policy's numbers; written last: the done marker)
 """
 import argparse
-import hashlib
 import json
 import os
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from intervals import fmt, pair_means, pass1_ci, task_means, wilson
-from plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text, run_child, write_atomic
-from schemas import load_rollouts
+from eval_rollouts import check_made_by, check_pairs, make_rollouts
+from intervals import CI_NOTE, fmt, pair_means, pass1_ci, task_means, wilson
+from plumbing import fail, locked, read_json, read_jsonl, read_text, write_atomic
+from schemas import COMPONENTS, FRAMEWORKS, SPLIT_TITLES, SPLITS, levels_of, load_rollouts
 
 HERE = Path(__file__).resolve().parent
-# The table's columns (split names; RUN/eval/<label>/<split>.jsonl): Base, In-Space, the two framework columns
-# with native tool calls, then the unseen-call-syntax columns (04's external harnesses; smolagents' text mode).
-SPLITS = ["base", "inspace", "smolagents-native", "pydantic-ai", "external", "smolagents"]
-# A framework column: 04 --harnesses NAME runs its episodes inside the framework; its bridge records this harness id.
-FRAMEWORKS = {"smolagents-native": "X-smolagents-native", "pydantic-ai": "X-pydantic-ai", "smolagents": "X-smolagents"}
-# Column titles: {fw} = the framework and version the episodes recorded (e.g. "pydantic-ai 2.68.0"), {ids} = the
-# split's harness ids
-SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "{fw} native", "pydantic-ai": "{fw}",
-                "external": "Unseen syntax: {ids}", "smolagents": "Unseen syntax: {fw} text"}
-COMPONENTS = ["S", "T", "O", "C", "W"]
 
 
 # ----------------------------------------------------------------------------- Args
@@ -110,253 +100,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def latest_policy(run):
-    iters = sorted(p for p in run.glob("iter_*/policy") if p.is_dir())
-    if iters:
-        return iters[-1]
-    if (run / "init_policy").is_dir():
-        return run / "init_policy"
-    fail(f"{run}: no checkpoint found (no iter_*/policy, no init_policy); pass --policy")
-
-
-def levels_of(harness_id):
-    """'S0-T2-O1-C0-W1' -> {'S': 0, 'T': 2, ...}; None for an out-of-space harness id."""
-    parts = harness_id.split("-")
-    if len(parts) != len(COMPONENTS) or any(p[:1] != c or not p[1:].isdigit() for p, c in zip(parts, COMPONENTS)):
-        return None
-    return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
-
-
-def framework_tasks(args):
-    """--framework-tasks and --no-smolagents -> {framework split: N} (None: every task; 0: the column left out)."""
-    counts = dict.fromkeys(FRAMEWORKS)
-    for item in filter(None, (x.strip() for x in (args.framework_tasks or "").split(","))):
-        name, _, n = item.rpartition("=")
-        if (name and name not in FRAMEWORKS) or not n.isdigit():
-            fail(f"--framework-tasks {args.framework_tasks!r}: item {item!r}: expected N or NAME=N (NAME one of "
-                 f"{', '.join(FRAMEWORKS)}; N >= 0), items separated by commas, e.g. 8,smolagents=0")
-        counts.update({name: int(n)} if name else dict.fromkeys(FRAMEWORKS, int(n)))
-    if args.no_smolagents:
-        counts["smolagents"] = 0
-    return counts
-
-
-def trained_in_ids(args):
-    """--trained-in: out-of-space harness ids 06 evaluates (a framework's, or an external harness's)."""
-    known = set(FRAMEWORKS.values()) | set(harness_file_ids(HERE / "data" / "external_harnesses.json")) | \
-        {h for f in args.harness_file for h in harness_file_ids(f)}
-    ids = list(dict.fromkeys(x.strip() for x in (args.trained_in or "").split(",") if x.strip()))
-    for hid in ids:
-        if hid not in known:
-            fail(f"--trained-in {hid!r}: not an out-of-space harness 06 evaluates ({', '.join(sorted(known))}); an "
-                 "in-space training harness belongs in RUN/train_harnesses.jsonl (02)")
-    return ids
-
-
-def pct(x, digits=0):
-    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
-
-
-# ---- input checking ----
-# Every file and flag is checked as it is read: bad input stops with one line naming the file, the line and the
-# field (exit 2), and nothing is written.
-def harness_file_ids(path):
-    """Harness ids of a file as 04 reads it: a JSON object, a JSON list of objects, or JSONL (04 validates)."""
-    if not Path(path).is_file():
-        fail(f"{path}: harness file not found")
-    try:
-        data = json.loads(read_text(path))
-        rows = data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        rows = [h for _, h in read_jsonl(path)]
-    return [h["harness_id"] for h in rows if isinstance(h, dict) and "harness_id" in h]
-
-
-# ----------------------------------------------------------------------------- episode records
-# What 06 reads of an episode record (04 writes it; schemas.ROLLOUT checks each field): these must be there, the
-# optional ones are checked when present (older files lack them). checkpoint.json beside the files says which
-# policy and settings made them.
-EPISODE_NEEDS = ["task_id", "harness_id", "success", "reward", "turns", "parse_errors", "tool_errors",
-                 "workflow_violations", "finish_reason"]
-EPISODE_OPTIONAL = ["workflow_checks", "error_turns", "valid_call_turns", "policy", "framework"]
-
-
-def read_episodes(path):
-    """A split file's episodes, each field checked against schemas.ROLLOUT (one line naming file, line, field)."""
-    return [e for _, e in load_rollouts(path, EPISODE_NEEDS + EPISODE_OPTIONAL, dict.fromkeys(EPISODE_NEEDS, ""))]
-
-
-def check_made_by(path, rows, ck_path, redo):
-    """--no-rollout: a split file is scored only if the checkpoint.json beside it lists its split and names the
-    policy its episodes say made them (a file copied from another label's folder is refused)."""
-    if not ck_path.is_file():
-        print(f"[06] note: {ck_path} missing: what made {path.name} is unknown (scored as it is)")
-        return
-    old = read_json(ck_path)
-    split = path.stem
-    if not isinstance(old, dict) or split not in old.get("splits", []):
-        fail(f"{path} is not among the splits {ck_path} lists; {redo}")
-    made_by = {e["policy"] for e in rows if "policy" in e}
-    want = old.get("policy")
-    for p in sorted(made_by):
-        if p != want and ("oracle" if p == "oracle" else str(Path(p).resolve())) != want:
-            fail(f"{path}: its episodes were made by {p!r}, but {ck_path} says {want!r}; {redo}")
-
-
-# ----------------------------------------------------------------------------- what one call evaluates
-def inspace_ids_of(args, run, train_ids):
-    """The In-Space split: the --eval-harnesses ids (all of them), else a seeded sample of H \\ H_tr (the same for
-    every policy evaluated with this seed)."""
-    if args.eval_harnesses:
-        ids = set()
-        for lineno, h in read_jsonl(args.eval_harnesses, required=("harness_id",)):
-            hid, where = h["harness_id"], f"{args.eval_harnesses}:{lineno}"
-            if not isinstance(hid, str) or levels_of(hid) is None:
-                fail(f"{where}: harness_id {hid!r} is not an in-space configuration (S?-T?-O?-C?-W?)")
-            if hid == args.base_harness:
-                fail(f"{where}: {hid} is the base harness; the In-Space evaluation set must leave it out")
-            if hid in train_ids:
-                fail(f"{where}: {hid} is a training harness of {run} (train_harnesses.jsonl); the In-Space "
-                    "evaluation set must be disjoint from it")
-            ids.add(hid)
-        return sorted(ids)
-    heldout = [h["harness_id"] for _, h in read_jsonl(run / "heldout_harnesses.jsonl", required=("harness_id",))]
-    if args.base_harness in heldout:
-        print(f"[06] note: the base harness {args.base_harness} is not in the training set")
-    rng = np.random.default_rng(args.seed)
-    pool = sorted(h for h in heldout if h != args.base_harness)
-    ids = sorted(rng.choice(pool, size=min(args.heldout, len(pool)), replace=False).tolist())
-    assert not set(ids) & set(train_ids)
-    return ids
-
-
-def external_ids_of(args, train_ids):
-    """The Out-of-Space split: the built-in external harnesses and --harness-file ones, minus any this run trained
-    on (a black-box baseline trained inside X-shell is not scored out of space on X-shell)."""
-    ids = harness_file_ids(HERE / "data" / "external_harnesses.json") + \
-        [h for f in args.harness_file for h in harness_file_ids(f)]
-    left_out = sorted(set(ids) & set(train_ids))
-    if left_out:
-        print(f"[06] Out-of-Space leaves out {', '.join(left_out)}: this run trained on it")
-    return list(dict.fromkeys(h for h in ids if h not in train_ids))
-
-
-def policy_fingerprint(policy):
-    """sha256 over the name, size, first and last 1 MiB of every file of the checkpoint folder, sorted (cheap, and
-    changes when the weights do); optimizer.pt is left out: the pipeline deletes it after the next iteration."""
-    if str(policy) == "oracle":
-        return "oracle"
-    h = hashlib.sha256()
-    for f in sorted(p for p in Path(policy).rglob("*") if p.is_file() and p.name != "optimizer.pt"):
-        size = f.stat().st_size
-        h.update(f"{f.relative_to(policy).as_posix()}\0{size}\0".encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read(1 << 20))
-            fh.seek(max(size - (1 << 20), 0))
-            h.update(fh.read(1 << 20))
-    return h.hexdigest()
-
-
-def checkpoint_request(args, policy):
-    """What this call's rollouts are made by; stored as eval/<label>/checkpoint.json beside them."""
-    return {"policy": "oracle" if str(policy) == "oracle" else str(Path(policy).resolve()),
-            "fingerprint": policy_fingerprint(policy), "samples": args.samples, "temperature": args.temperature,
-            "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
-
-
-def check_pairs(path, rows, want, hint):
-    """A split file must hold exactly the (task_id, harness_id) pairs this call evaluates."""
-    have = {(r["task_id"], r["harness_id"]) for r in rows}
-    if have != want:
-        extra, missing = sorted(have - want), sorted(want - have)
-        fail(f"{path}: its (task_id, harness_id) pairs are not the ones this call evaluates ({len(extra)} extra"
-             f"{', e.g. ' + str(extra[0]) if extra else ''}; {len(missing)} missing"
-             f"{', e.g. ' + str(missing[0]) if missing else ''}); {hint}")
-
-
-# ---- the algorithm ----
-# ----------------------------------------------------------------------------- rollouts via stage 04
-def make_rollouts(args, run, policy, out_dir, ids, want, splits):
-    """Ask 04 (eval mode) for the rollouts of every split in ONE call (one vLLM engine start): base, in-space and
-    external episodes in lockstep, then each framework column inside its framework on its first N tasks (04
-    --harnesses ...,NAME:N); the records are then split by harness id into one file per split. Existing files are
-    reused (resume) only if checkpoint.json says the same checkpoint and settings made them and they hold exactly
-    this call's pairs."""
-    request, ck_path = checkpoint_request(args, policy), out_dir / "checkpoint.json"
-    old = read_json(ck_path) if ck_path.is_file() else None
-    same = old is not None and {k: old.get(k) for k in request} == request
-    existing = [] if args.overwrite else [s for s in splits if (out_dir / f"{s}.jsonl").is_file()]
-    check_reusable(out_dir, existing, want, request, old)
-    done = set(old.get("splits", [])) if same else set()
-    todo = [s for s in splits if s not in existing]
-    if not todo:
-        return request
-    # the column's tasks: the first --framework-tasks N (want holds exactly those)
-    specs = {"base": args.base_harness, "inspace": ",".join(ids["inspace"]), "external": ",".join(ids["external"]),
-             **{s: f"{s}:{len({t for t, _ in want[s]})}" for s in FRAMEWORKS}}
-    out = out_dir / "episodes.jsonl"
-    cmd = rollout_command(args, run, policy, ",".join(specs[s] for s in todo), tasks_file(args, out_dir), out,
-                          "external" in todo)
-    print("[06] " + "+".join(todo) + ": " + " ".join(cmd[1:]), flush=True)
-    # run_child passes SIGINT / SIGTERM on to 04 and waits: stopping 06 stops 04 and its vLLM engine too
-    if run_child(cmd, on_stop="[06] the rollouts were not finished") != 0:
-        fail("stage 04 failed while making the rollouts (command above)")
-    rows = [r for _, r in read_jsonl(out, required=("harness_id",))]  # one file per split, by harness id
-    split_of = {args.base_harness: "base", **{h: "inspace" for h in ids["inspace"]},
-                **{h: s for s, h in FRAMEWORKS.items()}}
-    for split in todo:
-        write_atomic(out_dir / f"{split}.jsonl",
-                     jsonl_text(r for r in rows if split_of.get(r["harness_id"], "external") == split))
-    out.unlink()
-    write_atomic(ck_path, json.dumps({**request, "splits": sorted(done | set(todo))}, indent=2))
-    return request
-
-
-def check_reusable(out_dir, existing, want, request, old):
-    """Split files already in out_dir are reused only if checkpoint.json (old) says the same checkpoint and
-    settings (request) made them, lists their split, and they hold exactly this call's pairs."""
-    ck_path, redo = out_dir / "checkpoint.json", "pass --overwrite to redo them, or another --label"
-    for split in existing:
-        path = out_dir / f"{split}.jsonl"
-        if old is None:
-            fail(f"{path} exists but {ck_path} does not, so what made it is unknown; {redo} "
-                 "(or --no-rollout to score it as it is)")
-        if {k: old.get(k) for k in request} != request:
-            field = next(k for k in request if old.get(k) != request[k])
-            fail(f"{ck_path}: the rollouts in {out_dir} were made with {field} = {old.get(field)!r}, this call asks "
-                 f"for {request[field]!r}; {redo}")
-        if split not in old.get("splits", []):
-            fail(f"{path} is not among the splits {ck_path} lists; {redo}")
-        rows = [r for _, r in read_jsonl(path, required=("task_id", "harness_id"))]
-        check_pairs(path, rows, want[split], redo)
-        print(f"[06] {path} exists, made by the same checkpoint and settings: reusing it (--overwrite to redo)")
-
-
-def rollout_command(args, run, policy, spec, tasks, out, external):
-    """The 04 --eval command line of one call: this call's policy, harnesses, tasks and sampling settings."""
-    cmd = [sys.executable, str(HERE / "04_rollout.py"), "--run", str(run), "--eval",
-           "--policy", str(policy), "--harnesses", spec, "--tasks", str(tasks),
-           "--samples", str(args.samples), "--temperature", str(args.temperature),
-           "--backend", args.backend, "--seed", str(args.seed), "--out", str(out)]
-    for flag, value in (("--max-turns", args.max_turns), ("--max-new-tokens", args.max_new_tokens),
-                        ("--max-model-len", args.max_model_len), ("--dtype", args.dtype)):
-        cmd += [flag, str(value)] if value else []
-    for hf in args.harness_file if external else []:
-        cmd += ["--harness-file", hf]
-    return cmd
-
-
-def tasks_file(args, out_dir):
-    """The evaluation tasks, optionally cut to the first --max-tasks (written beside the rollouts)."""
-    if args.max_tasks is None:
-        return Path(args.tasks)
-    rows = [r for _, r in read_jsonl(args.tasks, required=("task_id",))][: args.max_tasks]
-    path = out_dir / "tasks.jsonl"
-    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-# ----------------------------------------------------------------------------- scoring
+# ----------------------------------------------------------------------------- scoring: the algorithm
 def behaviour(episodes):
     """Behavioural metrics from the transcripts' counters (docs/metrics.md); None where the rollout records
     lack the fields a metric needs (files made before 04 wrote them)."""
@@ -426,7 +170,112 @@ def training_curve(run):
     return curve
 
 
+# ----------------------------------------------------------------------------- what one call evaluates
+# Every file and flag is checked as it is read: bad input stops with one line naming the file, the line and the
+# field (exit 2), and nothing is written.
+def latest_policy(run):
+    iters = sorted(p for p in run.glob("iter_*/policy") if p.is_dir())
+    if iters:
+        return iters[-1]
+    if (run / "init_policy").is_dir():
+        return run / "init_policy"
+    fail(f"{run}: no checkpoint found (no iter_*/policy, no init_policy); pass --policy")
+
+
+def framework_tasks(args):
+    """--framework-tasks and --no-smolagents -> {framework split: N} (None: every task; 0: the column left out)."""
+    counts = dict.fromkeys(FRAMEWORKS)
+    for item in filter(None, (x.strip() for x in (args.framework_tasks or "").split(","))):
+        name, _, n = item.rpartition("=")
+        if (name and name not in FRAMEWORKS) or not n.isdigit():
+            fail(f"--framework-tasks {args.framework_tasks!r}: item {item!r}: expected N or NAME=N (NAME one of "
+                 f"{', '.join(FRAMEWORKS)}; N >= 0), items separated by commas, e.g. 8,smolagents=0")
+        counts.update({name: int(n)} if name else dict.fromkeys(FRAMEWORKS, int(n)))
+    if args.no_smolagents:
+        counts["smolagents"] = 0
+    return counts
+
+
+def trained_in_ids(args):
+    """--trained-in: out-of-space harness ids 06 evaluates (a framework's, or an external harness's)."""
+    known = set(FRAMEWORKS.values()) | set(harness_file_ids(HERE / "data" / "external_harnesses.json")) | \
+        {h for f in args.harness_file for h in harness_file_ids(f)}
+    ids = list(dict.fromkeys(x.strip() for x in (args.trained_in or "").split(",") if x.strip()))
+    for hid in ids:
+        if hid not in known:
+            fail(f"--trained-in {hid!r}: not an out-of-space harness 06 evaluates ({', '.join(sorted(known))}); an "
+                 "in-space training harness belongs in RUN/train_harnesses.jsonl (02)")
+    return ids
+
+
+def inspace_ids_of(args, run, train_ids):
+    """The In-Space split: the --eval-harnesses ids (all of them), else a seeded sample of H \\ H_tr (the same for
+    every policy evaluated with this seed)."""
+    if args.eval_harnesses:
+        ids = set()
+        for lineno, h in read_jsonl(args.eval_harnesses, required=("harness_id",)):
+            hid, where = h["harness_id"], f"{args.eval_harnesses}:{lineno}"
+            if not isinstance(hid, str) or levels_of(hid) is None:
+                fail(f"{where}: harness_id {hid!r} is not an in-space configuration (S?-T?-O?-C?-W?)")
+            if hid == args.base_harness:
+                fail(f"{where}: {hid} is the base harness; the In-Space evaluation set must leave it out")
+            if hid in train_ids:
+                fail(f"{where}: {hid} is a training harness of {run} (train_harnesses.jsonl); the In-Space "
+                    "evaluation set must be disjoint from it")
+            ids.add(hid)
+        return sorted(ids)
+    heldout = [h["harness_id"] for _, h in read_jsonl(run / "heldout_harnesses.jsonl", required=("harness_id",))]
+    if args.base_harness in heldout:
+        print(f"[06] note: the base harness {args.base_harness} is not in the training set")
+    rng = np.random.default_rng(args.seed)
+    pool = sorted(h for h in heldout if h != args.base_harness)
+    ids = sorted(rng.choice(pool, size=min(args.heldout, len(pool)), replace=False).tolist())
+    assert not set(ids) & set(train_ids)
+    return ids
+
+
+def external_ids_of(args, train_ids):
+    """The Out-of-Space split: the built-in external harnesses and --harness-file ones, minus any this run trained
+    on (a black-box baseline trained inside X-shell is not scored out of space on X-shell)."""
+    ids = harness_file_ids(HERE / "data" / "external_harnesses.json") + \
+        [h for f in args.harness_file for h in harness_file_ids(f)]
+    left_out = sorted(set(ids) & set(train_ids))
+    if left_out:
+        print(f"[06] Out-of-Space leaves out {', '.join(left_out)}: this run trained on it")
+    return list(dict.fromkeys(h for h in ids if h not in train_ids))
+
+
+def harness_file_ids(path):
+    """Harness ids of a file as 04 reads it: a JSON object, a JSON list of objects, or JSONL (04 validates)."""
+    if not Path(path).is_file():
+        fail(f"{path}: harness file not found")
+    try:
+        data = json.loads(read_text(path))
+        rows = data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        rows = [h for _, h in read_jsonl(path)]
+    return [h["harness_id"] for h in rows if isinstance(h, dict) and "harness_id" in h]
+
+
+# ----------------------------------------------------------------------------- episode records
+# What 06 reads of an episode record (04 writes it; schemas.ROLLOUT checks each field): these must be there, the
+# optional ones are checked when present (older files lack them). checkpoint.json beside the files says which
+# policy and settings made them.
+EPISODE_NEEDS = ["task_id", "harness_id", "success", "reward", "turns", "parse_errors", "tool_errors",
+                 "workflow_violations", "finish_reason"]
+EPISODE_OPTIONAL = ["workflow_checks", "error_turns", "valid_call_turns", "policy", "framework"]
+
+
+def read_episodes(path):
+    """A split file's episodes, each field checked against schemas.ROLLOUT (one line naming file, line, field)."""
+    return [e for _, e in load_rollouts(path, EPISODE_NEEDS + EPISODE_OPTIONAL, dict.fromkeys(EPISODE_NEEDS, ""))]
+
+
 # ----------------------------------------------------------------------------- reports
+def pct(x, digits=0):
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
 def split_title(split, summaries):
     """Column title: a framework column by the framework and version its episodes recorded (the first two words of
     "smolagents 1.26.0 (native tool calls)"), the unseen-syntax column by its harness ids."""
@@ -442,9 +291,6 @@ def cell(sp):
 
 
 TRAINED_NOTE = "(trained in): the policy trained inside this framework, so the cell is not a transfer figure."
-CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*) where every task scores 0 or 1; "
-           "where a task's value is a mean over harnesses or samples, Clopper-Pearson on the effective number of "
-           "trials (Korn-Graubard; coverage checked by simulation, docs/metrics.md).")
 
 
 def table(rows):

@@ -37,30 +37,22 @@ import re
 from pathlib import Path
 
 import figure
-from intervals import bootstrap_ci, fmt, pass1_ci, sign_test
+from intervals import CI_NOTE, bootstrap_ci, fmt, pass1_ci, sign_test
 from ledger import compute_of, read_records
 from plumbing import fail, locked, read_json, read_jsonl, write_atomic
+from schemas import FRAMEWORKS, SPLIT_TITLES, SPLITS, levels_of
 # per-task values as exact fractions (a tie is a tie), and the splits of held-out pairs by Hamming distance and by
 # task family: one copy for both programs that compare tasks
-from transfer_curve import (cell_of, exact_pair_means, exact_task_means, families_of, levels_of, mean,
-                            pairs_by_distance, pairs_by_family, transfer_curve)
+from transfer_curve import (cell_of, exact_pair_means, exact_task_means, families_of, mean, pairs_by_distance,
+                            pairs_by_family, transfer_curve)
 from transfer_curve import distance_to, hamming  # noqa: F401 (not called here: compare.hamming for readers, tests)
 
-# the columns, as 06 writes them (RUN/eval/<label>/<split>.jsonl): Base, In-Space, the framework columns with
-# native tool calls, the unseen-call-syntax columns; a framework column's harness id is its bridge's
-SPLITS = ["base", "inspace", "smolagents-native", "pydantic-ai", "external", "smolagents"]
-FRAMEWORKS = {"smolagents-native": "X-smolagents-native", "pydantic-ai": "X-pydantic-ai", "smolagents": "X-smolagents"}
+# the columns' short names (SPLITS, FRAMEWORKS and SPLIT_TITLES: schemas.py, as 06 writes them)
 SPLIT_NAMES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "smolagents native",
                "pydantic-ai": "pydantic-ai", "external": "Unseen syntax", "smolagents": "smolagents text"}
-# table titles: {fw} = the framework and version the episodes recorded, {ids} = the column's harness ids
-SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "{fw} native", "pydantic-ai": "{fw}",
-                "external": "Unseen syntax: {ids}", "smolagents": "Unseen syntax: {fw} text"}
 # rows must agree on these (the engine too: an hf row and a vLLM row, or bf16 and fp32, or two context lengths,
 # sample different episodes from the same weights)
 SAME_CONFIG = ["samples", "temperature", "max_turns", "max_new_tokens", "backend", "dtype", "max_model_len"]
-CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*) where every task scores 0 or 1; "
-           "where a task's value is a mean over harnesses or samples, Clopper-Pearson on the effective number of "
-           "trials (Korn-Graubard; coverage checked by simulation, docs/metrics.md).")
 
 
 # The tables a ledger makes (--ledger): name -> (reference row, rows), each a method's records (ledger.py); a table

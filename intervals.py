@@ -16,7 +16,14 @@ from collections import defaultdict
 import numpy as np
 
 
+# how the tables word their intervals (06, compare.py)
+CI_NOTE = ("pass@1 in % with a 95% interval over test tasks: Clopper-Pearson (*) where every task scores 0 or 1; "
+           "where a task's value is a mean over harnesses or samples, Clopper-Pearson on the effective number of "
+           "trials (Korn-Graubard; coverage checked by simulation, docs/metrics.md).")
+
+
 # ----------------------------------------------------------------------------- per pair, per task
+
 def pair_means(episodes):
     """{(task_id, harness_id): success averaged over the pair's samples}."""
     by_pair = defaultdict(list)

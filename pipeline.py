@@ -5,7 +5,7 @@
     python pipeline.py --experiment main --run runs/toy-main   # the paper's main table, toy preset
     python pipeline.py --experiment selection --seeds 0,1,2    # OA-18 vs Random-18, three training seeds
     python pipeline.py --preset gpu --run runs/gpu             # Qwen2.5-0.5B-Instruct, vLLM, bf16 training
-    python pipeline.py --preset gpu --run runs/gpu --gpus 4    # 04 as 4 shards, 05 under torchrun (docs/distributed.md)
+    python pipeline.py --preset gpu --run runs/gpu --gpus 4    # 04 as 4 shards, 05 under torchrun (docs/engineering.md)
     python pipeline.py --preset gpu --run runs/gpu --gpus 4 --fsdp    # ... and 05's model sharded over the 4 GPUs
 
 Every step is one stage called through its command line, printed before it runs, so you can copy
@@ -64,11 +64,11 @@ HERE = Path(__file__).resolve().parent
 PY = sys.executable
 BASE = "S0-T0-O0-C0-W0"
 # The black-box baselines train inside pydantic-ai (04 --harnesses pydantic-ai; the paper's OpenClaw role,
-# docs/blackbox.md); its episodes record this harness id, and 06 marks that column "trained in" for them
+# docs/experiments.md); its episodes record this harness id, and 06 marks that column "trained in" for them
 BLACKBOX, BLACKBOX_ID = "pydantic-ai", "X-pydantic-ai"
 
 PRESETS = {
-    # CPU, no network: the tiny locally built model. Figures: docs/results.md; the toy run is the smoke test (its RL does not learn).
+    # CPU, no network: the tiny locally built model. Figures: docs/experiments.md; the toy run is the smoke test (its RL does not learn).
     # max_new_tokens: each preset's budget holds the oracle's longest reply in its tokenizer + 17 (toy 88 tokens,
     # SmolLM2 74, any byte-level BPE <= 159 bytes; tests/test_reply_budget.py)
     # tiny max_len: the toy model's positions; 2,048 hold pydantic-ai's first prompt (~1,300 toy tokens: tools in the
@@ -88,7 +88,7 @@ PRESETS = {
                   eval_heldout=12, framework_tasks={"smolagents-native": None, "pydantic-ai": None, "smolagents": 8},
                   max_model_len=4096, amp="bf16", curve_every=4, curve_tasks=32, seed=0),
     # amp: 05's --amp for the RL updates (and black-box SFT); "bf16" on the CPU is ~1.6x faster where the CPU has
-    # AVX512-BF16 or AMX (docs/rl-cost.md); the warm start's SFT stays at 05's default. micro_batch_tokens: 05's
+    # AVX512-BF16 or AMX (docs/engineering.md); the warm start's SFT stays at 05's default. micro_batch_tokens: 05's
     # --micro-batch-tokens (padded tokens per forward/backward), which bounds the gpu preset's activation memory
     # framework_tasks: 06's framework columns on the first N evaluation tasks (None: all; 0: no column): their
     # episodes run side by side inside the framework (04 --concurrency), batched. The small preset runs the two
@@ -174,7 +174,7 @@ def parse_args(argv=None):
     g.add_argument("--sft-epochs", type=int, help="warm-start SFT epochs")
     g.add_argument("--sft-tasks", type=int, help="warm-start demonstrations: the first N training tasks")
     g.add_argument("--tiny-size", help="tiny model as LAYERS,DIM,HEADS (toy), e.g. 2,128,8")
-    g = p.add_argument_group("several GPUs on one node (docs/distributed.md)")
+    g = p.add_argument_group("several GPUs on one node (docs/engineering.md)")
     g.add_argument("--gpus", type=int, default=1, help="GPUs of this node: 04 runs as that many shards (one per GPU) "
                    "and 05 under torchrun --nproc_per_node N; the records and the update are those of one GPU")
     g.add_argument("--fsdp", action="store_true", help="with --gpus N > 1: 05 shards the model over the N GPUs "
@@ -232,6 +232,9 @@ def settings(args):
         fail(f"--seeds {args.seeds!r}: expected integers separated by commas, e.g. 0,1,2")
     if len(set(seeds)) != len(seeds):
         fail(f"--seeds {args.seeds}: a seed repeats")
+    if args.experiment and cfg["eval_heldout"] % 2:  # 02 --eval-set: half at distance 1 from the OA, half at 2
+        fail(f"--eval-heldout {cfg['eval_heldout']}: an experiment's In-Space set is half at distance 1 from the OA "
+             "and half at distance 2: give an even number")
     if args.seeds and not args.experiment:
         fail("--seeds is for --experiment (replicates of every method); a single run takes --seed")
     if args.ledger and not args.experiment:
@@ -341,7 +344,7 @@ def run_shards(name, output, cmd, n):
 
 
 class Kept04:
-    """04 for iterations t .. N-1 in one process with one engine (04 --until N; docs/rl-cost.md): the first 04 step
+    """04 for iterations t .. N-1 in one process with one engine (04 --until N; docs/engineering.md): the first 04 step
     with work starts it with its own command, each 04 step waits for the rollouts it writes (05 runs in between,
     its policy loaded into the running engine). Stopping the pipeline stops it (close, or it sees its parent end)."""
 
@@ -371,7 +374,7 @@ class Kept04:
 
 
 def stage05(args):
-    """05 in one process, or under torchrun with one process per GPU (the same update: docs/distributed.md).
+    """05 in one process, or under torchrun with one process per GPU (the same update: docs/engineering.md).
     `--` ends torchrun's options: without it torchrun's parser takes 05's --run for an abbreviation of --run-path."""
     if args.gpus > 1:
         return ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", args.gpus, "--", "05_train.py",

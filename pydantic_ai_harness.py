@@ -1,6 +1,6 @@
 """A real agent framework with native tool calls: pydantic-ai's Agent, our policy behind its FunctionModel.
 
-Role: plays OpenClaw (docs/blackbox.md): black-box SFT and RL train inside it; it is left out of their
+Role: plays OpenClaw (docs/experiments.md): black-box SFT and RL train inside it; it is left out of their
 Out-of-Space column. Every model call is a token-in/token-out model turn in 04's schema.
 
 pydantic-ai as shipped: its Agent loop (one model request per step, tools run, results sent back), its message

@@ -25,11 +25,28 @@ from pathlib import Path
 from environment import answer_items
 from plumbing import fail, read_jsonl, read_text, surrogate_field
 
-COMPONENTS = ["S", "T", "O", "C", "W"]
+COMPONENTS = ["S", "T", "O", "C", "W"]  # a harness id names one level of each: S0-T2-O1-C0-W1
+# The evaluation's columns (06 writes RUN/eval/<label>/<split>.jsonl; compare.py reads them): Base, In-Space, the two
+# framework columns with native tool calls, then the unseen-call-syntax columns (04's external harnesses;
+# smolagents' text mode). A framework column's harness id is the one its bridge records (04 --harnesses NAME).
+SPLITS = ["base", "inspace", "smolagents-native", "pydantic-ai", "external", "smolagents"]
+FRAMEWORKS = {"smolagents-native": "X-smolagents-native", "pydantic-ai": "X-pydantic-ai", "smolagents": "X-smolagents"}
+# column titles: {fw} = the framework and version the episodes recorded (e.g. "pydantic-ai 2.68.0"), {ids} = the
+# column's harness ids
+SPLIT_TITLES = {"base": "Base", "inspace": "In-Space", "smolagents-native": "{fw} native", "pydantic-ai": "{fw}",
+                "external": "Unseen syntax: {ids}", "smolagents": "Unseen syntax: {fw} text"}
 SYNTAXES = ["hermes_json", "xml_invoke", "python_call", "shell", "react"]
 CANONICAL_TOOLS = {"list_files": [], "read_file": ["path"], "search": ["query"], "write_file": ["path", "content"],
                    "calculator": ["expression"], "submit": ["answer"]}  # tool -> its arguments, in order
 
+
+
+def levels_of(harness_id):
+    """'S0-T2-O1-C0-W1' -> {'S': 0, 'T': 2, ...}; None for an out-of-space harness id (X-react, X-pydantic-ai)."""
+    parts = harness_id.split("-")
+    if len(parts) != len(COMPONENTS) or any(p[:1] != c or not p[1:].isdigit() for p, c in zip(parts, COMPONENTS)):
+        return None
+    return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
 
 def clip(s, n=200):
     s = str(s)
@@ -279,7 +296,7 @@ def select_harnesses(run, spec, external, seed):
     return [pool[hid] for hid in ids]
 
 
-# The black boxes (docs/blackbox.md), each behind a bridge: NAME -> its module; pydantic-ai also trains
+# The black boxes (docs/experiments.md), each behind a bridge: NAME -> its module; pydantic-ai also trains
 BLACKBOXES = {"smolagents": "smolagents_harness", "smolagents-native": "smolagents_native_harness",
               "pydantic-ai": "pydantic_ai_harness"}
 EVAL_ONLY = {"smolagents": "evaluation only: its text mode is an unseen call syntax, no method trains in it",

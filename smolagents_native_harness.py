@@ -1,6 +1,6 @@
 """A real agent framework with native tool calls: smolagents' ToolCallingAgent, as a serving engine would drive it.
 
-Role: plays Claude Code (docs/blackbox.md): every test row is evaluated inside it, nothing trains in it.
+Role: plays Claude Code (docs/experiments.md): every test row is evaluated inside it, nothing trains in it.
 
 smolagents_harness.py runs the same agent in text mode (the model writes `Action: {json}` and smolagents' own
 text parser reads it: the 'unseen call syntax' column). Here the Model is what smolagents' OpenAIServerModel talks

@@ -35,6 +35,7 @@ import numpy as np
 
 from intervals import pass1_ci, sign_test
 from plumbing import fail, locked, read_jsonl, write_atomic
+from schemas import COMPONENTS, levels_of
 
 
 def parse_args(argv=None):
@@ -138,17 +139,6 @@ def mean(values):
 # ---- held-out pairs split by distance and by task family ----
 # compare.py splits its In-Space column with these as well (one copy: compare.py imports this file, not the other
 # way round).
-COMPONENTS = ["S", "T", "O", "C", "W"]
-
-
-def levels_of(harness_id):
-    """'S0-T2-O1-C0-W1' -> {'S': 0, 'T': 2, ...}; None for an out-of-space harness id."""
-    parts = harness_id.split("-")
-    if len(parts) != len(COMPONENTS) or any(p[:1] != c or not p[1:].isdigit() for p, c in zip(parts, COMPONENTS)):
-        return None
-    return {c: int(p[1:]) for p, c in zip(parts, COMPONENTS)}
-
-
 def hamming(a, b):
     """d_H(a, b) = sum_c [a(c) != b(c)]: the components on which two harness ids of the space differ."""
     la, lb = levels_of(a), levels_of(b)

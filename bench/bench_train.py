@@ -8,7 +8,7 @@ sequences with the same model, in one run; throughput (tokens/s) and peak memory
 Data: synthetic multi-turn GRPO rollouts in the contract's format (full-history turns, so turn k's prompt
 is turn k-1's prompt + completion + a tool output). Rows:
   bare loop        one sequence per turn, model(...).logits on every position, masked NLL, AdamW step
-  trainer no-merge the same sequences through 05_train.py, HARNESS_05_TEST_VARIANTS=no-merge-turns (old log-probs pass included)
+  trainer no-merge the same sequences through 05_train.py, 05's build_sequences with merge=False (old log-probs pass included)
   trainer          05_train.py defaults (full-history turns merged into one sequence per episode)
 Both do the same optimizer steps (epochs x minibatches, micro-batches accumulated). tokens/s counts the
 tokens of the per-turn sequences (the work a naive loop does), so merging shows as a speed-up.
@@ -16,9 +16,9 @@ Each phase runs in its own process (peak memory per phase), --repeats times inte
 time is kept. Target: trainer no-merge time <= 1.3 x bare loop.
 """
 import argparse
+import functools
 import importlib.util
 import json
-import os
 import random
 import resource
 import subprocess
@@ -105,7 +105,8 @@ def run_phase(args):
     tokens = per_turn_tokens * args.ppo_epochs
     if args.phase.startswith("trainer"):
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        os.environ["HARNESS_05_TEST_VARIANTS"] = "" if args.phase == "trainer-merged" else "no-merge-turns"
+        if args.phase != "trainer-merged":  # one sequence per model turn (tests/variants05.py no-merge-turns)
+            t05.build_sequences = functools.partial(t05.build_sequences, merge=False)
         s = t05.main(["--algo", "grpo", "--policy", str(policy), "--rollouts", str(work / "rollouts.jsonl"),
                       "--out", str(work / args.phase / "policy"), "--ppo-epochs", str(args.ppo_epochs),
                       "--minibatches", str(args.minibatches), "--micro-batch-size", str(args.micro_batch_size),

@@ -9,7 +9,7 @@ in one run, with the same flags; and the gpu preset's peak LM-head / activation 
     python bench/bench_update.py --memory [--logit-chunk 1024] [--micro-batch-tokens 32768]
 
 Each version runs in its own process (one after the other, never two at once) through a small runner that
-imports that 05_train.py by path and counts, in each token batch it builds (generation.token_batch, or an older 05's
+imports that 05_train.py by path and counts, in each token batch it builds (05's token_batch, or an older 05's
 `collate`), the token positions the trunk runs (padded) and the completion tokens that carry a loss in the update
 (those batched inside `accumulate`): "tokens processed per
 loss token" = all positions run (old log-probs, reference, update) / loss tokens of the update. Reported: wall
@@ -50,8 +50,10 @@ def counting(collate):
     return counted
 if hasattr(mod, "collate"):  # a 05 with its own collate
     mod.collate = counting(mod.collate)
-else:  # 05 and generation.score_sequences batch with generation.token_batch
+elif hasattr(generation, "token_batch"):  # an older 05, whose log-probs were generation.py's
     generation.token_batch = mod.token_batch = counting(generation.token_batch)
+else:  # 05 batches its own sequences (token_batch)
+    mod.token_batch = counting(mod.token_batch)
 def counting_accumulate(*a, **k):
     inside[0] = True
     try:
@@ -63,7 +65,7 @@ t = time.perf_counter()
 summary = mod.main(argv)
 stats["wall_s"] = time.perf_counter() - t
 stats.update({k: summary.get(k) for k in ("prep_s", "update_s", "first_loss", "last_loss", "sequences",
-                                          "trained_sequences", "gen_tokens", "old_logp_scored", "optimizer_steps")})
+                                          "trained_sequences", "gen_tokens", "optimizer_steps")})
 open(out, "w").write(json.dumps(stats))
 '''
 
@@ -182,7 +184,7 @@ def main(argv=None):
     p.add_argument("--after-flags", help="also time this checkout with these extra 05 flags (e.g. '--amp bf16')")
     p.add_argument("--memory", action="store_true", help="only the gpu preset's memory from the shapes")
     p.add_argument("--logit-chunk", type=int, default=1024, help="--memory: the LM-head chunk to estimate (05 runs "
-                   "generation.LOGIT_CHUNK, 1024)")
+                   "LOGIT_CHUNK, 1024)")
     p.add_argument("--micro-batch-tokens", type=int)
     args = p.parse_args(argv)
     if args.memory:

@@ -15,11 +15,11 @@ does not stop the others):
              synthetic rollouts file shaped like the preset's worst case (8-turn episodes of 256 completion tokens,
              8,192 positions each, merged by 05 into one sequence per episode): peak memory
              (torch.cuda.max_memory_allocated; CPU: peak RSS), tokens/s
-  train_mb8  the same with --micro-batch-tokens 65536: 8 such episodes in one micro-batch (docs/rl-cost.md's
+  train_mb8  the same with --micro-batch-tokens 65536: 8 such episodes in one micro-batch (docs/engineering.md's
              worst micro-batch, estimated there at ~20 GiB)
   bare       a bare forward + backward + AdamW loop over the same sequences (same epochs, minibatches and
              micro-batches; LM head on the completion tokens only, one pass): tokens/s and the trainer's time
-             over the bare time (target <= 1.3, docs/benchmarks.md)
+             over the bare time (target <= 1.3, docs/engineering.md)
   rollout    01 -> 02 -> 03 -> 04 --backend hf, one iteration of the preset's episode shape (8 samples per task,
              8 turns x 256 tokens; fewer tasks): episodes/s and the share of 04's wall time outside generation
   pipeline   pipeline.py's miniature (toy preset, tests/test_pipeline.py's sizes; CPU mode: smaller), every stage
@@ -27,7 +27,7 @@ does not stop the others):
   torchrun   torchrun --nproc_per_node 1 05_train.py on a tiny job, without and with --fsdp (one rank: NCCL on a GPU,
              FSDP2 over a process group of one)
 
-Writes every figure to --out (JSON) and prints a short table. docs/gpu-check.md: what each figure means.
+Writes every figure to --out (JSON) and prints a short table. docs/engineering.md: what each figure means.
 """
 import argparse
 import json

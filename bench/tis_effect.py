@@ -24,6 +24,7 @@ sys.path[:0] = [str(HERE), str(HERE / "tests")]  # the repository root (05 impor
 from conftest import load_stage  # noqa: E402
 
 T05 = load_stage("05_train.py")
+OP = load_stage("off_policy.py")  # 05's truncated IS
 
 
 def flat(path):
@@ -55,15 +56,15 @@ def main():
     stored = torch.cat([s.stored_logp for s in active])
     have = ~torch.isnan(stored)
     d = (old - stored)[have]  # log pi_old - log pi_rollout
-    w = torch.exp(d).clamp(max=T05.TIS_CAP)
+    w = torch.exp(d).clamp(max=OP.TIS_CAP)
     top = d.abs() >= d.abs().quantile(0.99)
     lines = [f"Rollouts `{rollouts}` ({len(episodes)} episodes, {len(active)} trained sequences, {int(have.sum())} "
-             f"tokens with rollout log-probs); sampler {T05.sampler_of(episodes)}; policy `{policy}`.", "",
+             f"tokens with rollout log-probs); sampler {OP.sampler_of(episodes)}; policy `{policy}`.", "",
              "| tokens | mean abs d log p | mean w | w < 0.9 | w > 1.1 | capped at C = 2 |", "| --- | --- | --- | --- | --- | --- |"]
     for name, sel in (("all trained", torch.ones_like(d, dtype=torch.bool)), ("top 1% of abs d log p", top)):
         x, y = d[sel], w[sel]
         lines.append(f"| {name} ({int(sel.sum())}) | {x.abs().mean():.4f} | {y.mean():.4f} | {(y < 0.9).float().mean():.2%} | "
-                     f"{(y > 1.1).float().mean():.2%} | {(torch.exp(x) > T05.TIS_CAP).float().mean():.2%} |")
+                     f"{(y > 1.1).float().mean():.2%} | {(torch.exp(x) > OP.TIS_CAP).float().mean():.2%} |")
     outs = {}
     for name, extra in (("tis", []), ("off", ["--tis-cap", "0"])):
         out = Path(f"/tmp/tis_effect/{name}/policy")

@@ -1,10 +1,8 @@
-"""05 without wasted work (docs/rl-cost.md): the LM head in chunks of completion tokens (same log-probs, entropies
-and gradients as one [N, V] pass), micro-batches sized by tokens (--micro-batch-tokens, same update), pi_old of the
-first minibatch taken from its own forward pass (same first-step loss and gradients as a separate scoring pass,
-same update), and scoring sorted by length."""
+"""05 without wasted work (docs/engineering.md): the LM head in chunks of completion tokens (same log-probs, entropies
+and gradients as one [N, V] pass), micro-batches sized by tokens (--micro-batch-tokens, same update), pi_old scored
+once before the first step, and scoring sorted by length."""
 import json
 
-import generation as G
 import pytest
 import torch
 from test_05_train import T05, args_for, as_episodes, grads, load, prepare, random_episodes
@@ -20,7 +18,7 @@ def batch_of(model, recs, temp=0.7):
     seqs = T05.build_sequences(as_episodes(recs))
     for s in seqs:
         s.temp = temp
-    return seqs, G.token_batch(seqs, 0, "cpu", T05.TOKEN_FIELDS)
+    return seqs, T05.token_batch(seqs, 0, "cpu", T05.TOKEN_FIELDS)
 
 
 def today_forward(model, b):
@@ -39,14 +37,14 @@ def test_chunked_head_equals_one_pass(tiny, chunk):
     (ref_logp.sum() + 0.3 * ref_ent.sum()).backward()
     g_ref = grads(model)
     model.zero_grad()
-    logp, ent, _ = G.forward(model, None, b, False, entropy=True, chunk=chunk)
+    logp, ent, _ = T05.forward(model, None, b, False, entropy=True, chunk=chunk)
     torch.testing.assert_close(logp, ref_logp, atol=1e-6, rtol=0)
     torch.testing.assert_close(ent, ref_ent, atol=1e-6, rtol=1e-6)  # ~5.7 nats: float32 ulp 5e-7
     (logp.sum() + 0.3 * ent.sum()).backward()  # through the checkpointed chunks
     scale = g_ref.abs().max().item()
     assert scale > 1 and (grads(model) - g_ref).abs().max() <= 1e-6 * scale  # float32 summation order, relative
     model.zero_grad()
-    logp2, ent2, _ = G.forward(model, None, b, False, chunk=chunk)  # no entropy term: none computed
+    logp2, ent2, _ = T05.forward(model, None, b, False, chunk=chunk)  # no entropy term: none computed
     assert ent2 is None and torch.equal(logp2, logp)
 
 
@@ -64,7 +62,7 @@ def test_chunked_loss_equals_todays_formula(tiny):
         s.ref_logp = s.old_logp - 0.1
     args = args_for("--kl-coef", "0.1", "--ent-coef", "0.01", "--micro-batch-size", "2")
     m = T05.accumulate(T05.Context(args, model, None, 0, "cpu", False, chunk=3), seqs)  # LM head in chunks of 3
-    b = G.token_batch(sorted(seqs, key=lambda s: len(s.ids)), 0, "cpu", T05.TOKEN_FIELDS)
+    b = T05.token_batch(sorted(seqs, key=lambda s: len(s.ids)), 0, "cpu", T05.TOKEN_FIELDS)
     with torch.no_grad():
         logp, ent = today_forward(model, b)
         n_b = b["tgt"].numel()
@@ -79,11 +77,11 @@ def test_chunked_loss_equals_todays_formula(tiny):
 
 def test_micro_batches_by_tokens():
     seqs = [T05.Sequence(ids=[0] * n, mask=[], ep=0, temp=1.0) for n in (3, 4, 4, 6, 9, 30)]
-    parts = G.micro_batches(seqs, tokens=12)
+    parts = T05.micro_batches(seqs, tokens=12)
     assert [len(s.ids) for p in parts for s in p] == [3, 4, 4, 6, 9, 30]  # order kept, nothing lost
     assert all(len(p) * max(len(s.ids) for s in p) <= 12 for p in parts[:-1])
     assert [len(p) for p in parts] == [3, 1, 1, 1]  # 3 x 4 = 12; 6 + 9 would pad to 18; 30 runs alone
-    assert [len(p) for p in G.micro_batches(seqs, size=4)] == [4, 2]
+    assert [len(p) for p in T05.micro_batches(seqs, size=4)] == [4, 2]
 
 
 def test_micro_batch_tokens_do_not_change_the_update(tiny, tmp_path, monkeypatch):
@@ -94,16 +92,16 @@ def test_micro_batch_tokens_do_not_change_the_update(tiny, tmp_path, monkeypatch
     seqs = prepare(model, T05.build_sequences(as_episodes(recs)), T05.grpo_advantages(
         [r["reward"] for r in recs], [r["group_id"] for r in recs])[0])
     g = {}
-    for flags, chunk in ((["--micro-batch-size", "64"], G.LOGIT_CHUNK), (["--micro-batch-tokens", "1"], G.LOGIT_CHUNK),
-                         (["--micro-batch-tokens", "40"], G.LOGIT_CHUNK), (["--micro-batch-tokens", "40"], 2)):
+    for flags, chunk in ((["--micro-batch-size", "64"], T05.LOGIT_CHUNK), (["--micro-batch-tokens", "1"], T05.LOGIT_CHUNK),
+                         (["--micro-batch-tokens", "40"], T05.LOGIT_CHUNK), (["--micro-batch-tokens", "40"], 2)):
         model.zero_grad()
         T05.accumulate(T05.Context(args_for(*flags), model, None, 0, "cpu", False, chunk=chunk), seqs)
         g[f"{' '.join(flags)} chunk {chunk}"] = grads(model)
     for k, v in g.items():
-        torch.testing.assert_close(v, g[f"--micro-batch-size 64 chunk {G.LOGIT_CHUNK}"], atol=1e-7, rtol=1e-5, msg=k)
+        torch.testing.assert_close(v, g[f"--micro-batch-size 64 chunk {T05.LOGIT_CHUNK}"], atol=1e-7, rtol=1e-5, msg=k)
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     params = {}
-    for flags, chunk in ((["--micro-batch-size", "64"], G.LOGIT_CHUNK), (["--micro-batch-tokens", "30"], 4)):
+    for flags, chunk in ((["--micro-batch-size", "64"], T05.LOGIT_CHUNK), (["--micro-batch-tokens", "30"], 4)):
         out = tmp_path / flags[1] / "policy"
         monkeypatch.setattr(T05, "LOGIT_CHUNK", chunk)
         T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"), "--out", str(out),
@@ -112,48 +110,38 @@ def test_micro_batch_tokens_do_not_change_the_update(tiny, tmp_path, monkeypatch
     assert (params["64"] - params["30"]).abs().max() < 1e-5
 
 
-def test_first_minibatch_takes_pi_old_from_its_forward(tiny):
-    """Condition: the first minibatch of the first epoch runs at the rollout's weights, so its forward pass is
-    pi_old. First-step loss and gradients equal those with pi_old from a separate scoring pass (to 1e-6), TIS
-    weights and a KL reference to this policy included."""
+def test_old_policy_scores_sets_pi_old_tis_weights_and_pi_ref_by_hand(tiny):
+    """pi_old of every trained sequence is log softmax(logits / T) of its generated tokens (here from the model's own
+    forward, one sequence at a time, at a temperature that is not 1), the TIS weights min(pi_old / pi_rollout, C) (1
+    where the rollout stored no log-prob) and, for a KL to the policy itself, pi_ref = pi_old."""
     recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=6, turns=2, seed=8)
-    for r in recs:  # rollout log-probs that differ from the trainer's: TIS weights != 1
-        for mt in r["model_turns"]:
-            mt["logprobs"] = [-2.0 - 0.1 * j for j in range(len(mt["completion_ids"]))]
-    adv = T05.grpo_advantages([r["reward"] for r in recs], [r["group_id"] for r in recs])[0]
-    args = args_for("--kl-coef", "0.05", "--micro-batch-size", "2")
-    out = {}
-    for how in ("scored", "forward"):
-        model = load(tiny)
-        ctx = T05.Context(args, model, None, 0, "cpu", False, tis_cap=2.0, same_ref=True)  # TIS C = 2, ref = pi_old
-        seqs = T05.build_sequences(as_episodes(recs))
-        for s in seqs:
-            s.adv = torch.full((s.n,), float(adv[s.ep]))
-        if how == "scored":  # before: a separate pass, then TIS weights and ref from it
-            for s, lp in zip(seqs, T05.sequence_logprobs(T05.Context(args_for("--micro-batch-size", "4"), model, None,
-                                                                     0, "cpu", False), seqs)[0]):
-                s.old_logp = lp
-            for s in seqs:
-                s.tis_w = torch.exp(s.old_logp - s.stored_logp).clamp(max=2.0)
-                s.ref_logp = s.old_logp.clone()
-        # else: pi_old unknown (old_logp None), as for the first minibatch: accumulate takes it from its forward
-        m = T05.accumulate(ctx, seqs)
-        out[how] = (m, grads(model), torch.cat([s.old_logp for s in seqs]), torch.cat([s.tis_w for s in seqs]))
-    (m1, g1, o1, w1), (m2, g2, o2, w2) = out["scored"], out["forward"]
-    torch.testing.assert_close(o2, o1, atol=1e-6, rtol=0)
-    torch.testing.assert_close(w2, w1, atol=1e-6, rtol=1e-6)
-    assert (w1 - 1).abs().max() > 0.1  # the weights matter here
-    for k in ("loss", "pg_loss", "kl", "tis_weight"):
-        assert m2[k] == pytest.approx(m1[k], abs=1e-6), k
-    torch.testing.assert_close(g2, g1, atol=1e-6, rtol=1e-5)
+    for i, r in enumerate(recs):
+        r["temperature"] = 0.7
+        for mt in r["model_turns"]:  # rollout log-probs that differ from the trainer's; none stored for e0
+            mt["logprobs"] = None if i == 0 else [-2.0 - 0.1 * j for j in range(len(mt["completion_ids"]))]
+    model = load(tiny)
+    u = T05.Context(args_for("--kl-coef", "0.05", "--micro-batch-size", "2"), model, None, 0, "cpu", False,
+                    tis_cap=2.0, same_ref=True)
+    seqs = T05.build_sequences(as_episodes(recs))
+    T05.old_policy_scores(u, [{"sampler": None}], seqs, None, {})
+    for s in seqs:
+        ids, mask = torch.tensor(s.ids), torch.tensor(s.mask)
+        with torch.no_grad():
+            logits = model(ids[None]).logits[0, :-1].float() / 0.7  # position t predicts token t + 1
+        want = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), ids[1:]][mask[1:] == 1]
+        torch.testing.assert_close(s.old_logp, want, atol=1e-5, rtol=0)
+        w = torch.exp(want - s.stored_logp).clamp(max=2.0)
+        torch.testing.assert_close(s.tis_w, torch.where(torch.isnan(w), torch.ones_like(w), w), atol=1e-5, rtol=0)
+        assert torch.equal(s.ref_logp, s.old_logp)
+    assert any((s.tis_w - 1).abs().max() > 0.1 for s in seqs)  # the weights matter here
+    assert all(torch.equal(s.tis_w, torch.ones(s.n)) for s in seqs if s.ep == 0)  # none stored: w = 1
 
 
 @pytest.mark.parametrize("kl", [False, True, "other-ref"])
-def test_update_equals_the_one_with_every_pi_old_scored(tiny, tmp_path, kl, monkeypatch):
-    """Whole update (2 epochs x 2 minibatches): the same log and parameters as with every pi_old scored apart (test
-    variant score-all-old), and the
-    config says how many sequences were scored apart. other-ref: a KL to another policy than the one trained (its
-    log-probs are scored before the first minibatch, whose pi_old is not known yet: that scoring once crashed)."""
+def test_pi_old_is_the_policy_before_its_first_step(tiny, tmp_path, kl):
+    """pi_old is scored once, before the first step, for every trained sequence: at the first minibatch rho = 1 on
+    every token (approx_kl 0, nothing clipped) and a KL to the policy itself is 0; after a step neither holds.
+    other-ref: a KL to another policy than the one trained is not 0 at the first step."""
     recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=8, turns=2, seed=9)
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     flags = ["--kl-coef", "0.05"] if kl else []
@@ -164,21 +152,16 @@ def test_update_equals_the_one_with_every_pi_old_scored(tiny, tmp_path, kl, monk
                 p.add_(0.05 * torch.randn_like(p))
         ref.save_pretrained(tmp_path / "ref")
         flags += ["--ref-policy", str(tmp_path / "ref")]
-    res = {}
-    for extra in ([], ["score-all-old"]):
-        out = tmp_path / ("all" if extra else "reuse") / "policy"
-        monkeypatch.setenv("HARNESS_05_TEST_VARIANTS", ",".join(extra))
-        res[bool(extra)] = T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"),
-                                     "--out", str(out), "--lr", "1e-3", "--seed", "1", *flags])
-        res[bool(extra)]["params"] = torch.cat([p.flatten() for p in load(out).parameters()])
-        res[bool(extra)]["log"] = [json.loads(x) for x in (out.parent / "train_log.jsonl").read_text().splitlines()]
-    before, now = res[True], res[False]
-    assert now["old_logp_scored"] < before["old_logp_scored"] == before["trained_sequences"]
-    for a, b in zip(before["log"], now["log"]):
-        for k in ("loss", "pg_loss", "kl", "clip_frac"):
-            assert b[k] == pytest.approx(a[k], abs=1e-6), k
-    assert (now["log"][0]["kl"] > 1e-4) == (kl == "other-ref")  # KL to this same policy: 0 at the first step
-    assert (now["params"] - before["params"]).abs().max() < 1e-5
+    out = tmp_path / "policy"
+    T05.main(["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"), "--out", str(out),
+              "--lr", "1e-3", "--seed", "1", *flags])
+    log = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 4 and all(r["optimizer_step"] for r in log)  # 2 epochs x 2 minibatches
+    assert abs(log[0]["approx_kl"]) < 1e-6 and log[0]["clip_frac"] == 0
+    assert max(abs(r["approx_kl"]) for r in log[1:]) > 1e-5  # after a step pi_theta != pi_old
+    assert (log[0]["kl"] > 1e-4) == (kl == "other-ref")  # KL to this same policy: 0 at the first step
+    if kl is True:
+        assert max(r["kl"] for r in log[1:]) > 0
 
 
 def test_amp_bf16_runs_the_trunk_in_bf16_on_the_cpu(tiny, tmp_path):

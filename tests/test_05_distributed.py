@@ -43,16 +43,17 @@ def flat(policy):
 
 def launch(argv, mode):
     """05 with argv: mode one (plain `python 05_train.py` code path, in this process), or two gloo ranks under
-    torchrun: two (the default port), naive (test variant naive-local-nb), fsdp (--fsdp); or one rank under
+    torchrun: two (the default port), naive (tests/variants05.py naive-local-nb), fsdp (--fsdp); or one rank under
     torchrun (distributed.py over a group of one, as on one GPU): rank1, rank1-fsdp."""
     if mode == "one":
         return T05.main(argv)
     # CUDA hidden: these are gloo ranks on the CPU, also on a GPU machine (2 NCCL ranks need 2 GPUs)
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
-               HARNESS_05_TEST_VARIANTS="naive-local-nb" if mode == "naive" else "")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
     ranks = "1" if mode.startswith("rank1") else "2"
+    stage = [str(ROOT / "tests" / "variants05.py"), "naive-local-nb", "--"] if mode == "naive" else \
+        [str(ROOT / "05_train.py")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", ranks, "--",
-           str(ROOT / "05_train.py"), *argv] + (["--fsdp"] if mode.endswith("fsdp") else [])
+           *stage, *argv] + (["--fsdp"] if mode.endswith("fsdp") else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 

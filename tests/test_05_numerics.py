@@ -32,7 +32,7 @@ def batch(n=4, vocab=300, seed=0):
     for _ in range(n):
         p, c = [rng.randrange(3, vocab) for _ in range(rng.randint(5, 12))], [rng.randrange(3, vocab) for _ in range(6)]
         seqs.append(T05.Sequence(ids=p + c, mask=[0] * len(p) + [1] * len(c), ep=0, temp=1.0, n=len(c)))
-    return seqs, G.token_batch(seqs, 0, "cpu", T05.TOKEN_FIELDS)
+    return seqs, T05.token_batch(seqs, 0, "cpu", T05.TOKEN_FIELDS)
 
 
 def full_logp(model, seqs, scale=True):
@@ -55,12 +55,12 @@ def test_lm_head_is_fp32_under_bf16_autocast():
         model.lm_head.weight.mul_(40.0)
     seqs, b = batch()
     with torch.no_grad():
-        ref, _, _ = G.forward(model, None, b, amp=False)
-        got, _, _ = G.forward(model, None, b, amp=True)
+        ref, _, _ = T05.forward(model, None, b, amp=False)
+        got, _, _ = T05.forward(model, None, b, amp=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             h = model.base_model(input_ids=b["inp"]).last_hidden_state[b["sel"]]  # [N, H]
             bf16_logits = model.lm_head(h)  # [N, V] what the old code computed under autocast
-            assert G.lm_head(model, h).dtype == torch.float32
+            assert T05.lm_head(model, h).dtype == torch.float32
         bf16 = torch.log_softmax(bf16_logits.float(), -1).gather(1, b["tgt"][:, None])[:, 0]
         exact = torch.log_softmax(h.double() @ model.lm_head.weight.double().T, -1).gather(1, b["tgt"][:, None])[:, 0]
     assert bf16_logits.dtype == torch.bfloat16 and bf16_logits.abs().max() > 16  # the regime of the issue
@@ -80,13 +80,13 @@ def test_model_specific_logit_scaling_is_applied(kind, extra):
     model = tiny_model(kind, **extra).eval()
     seqs, b = batch()
     with torch.no_grad():
-        got, _, _ = G.forward(model, None, b, amp=False)
+        got, _, _ = T05.forward(model, None, b, amp=False)
         h = model.base_model(input_ids=b["inp"]).last_hidden_state[b["sel"]]
         plain = torch.log_softmax(model.get_output_embeddings()(h), -1).gather(1, b["tgt"][:, None])[:, 0]
     ref = full_logp(model, seqs)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     assert (plain - ref).abs().max() > 1e-2
-    G.check_head(model, seqs[0].ids, "policy")  # passes: no SystemExit
+    T05.check_head(model, seqs[0].ids, "policy")  # passes: no SystemExit
 
 
 def test_unknown_logit_transformation_is_refused(capsys):
@@ -101,7 +101,7 @@ def test_unknown_logit_transformation_is_refused(capsys):
     model.forward = scaled_forward
     seqs, _ = batch()
     with pytest.raises(SystemExit) as e:
-        G.check_head(model, seqs[0].ids, "some/policy")
+        T05.check_head(model, seqs[0].ids, "some/policy")
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: some/policy: llama's forward applies")
 
@@ -120,7 +120,7 @@ def test_dropout_off_during_the_update_with_checkpointing_still_on(kind, extra):
         # a pre-hook: the recomputation stops early, right after the last tensor backward needs
         hook = layer0_mlp(m).register_forward_pre_hook(lambda *_: calls.append(1))
         seqs, b = batch()
-        logp, _, _ = G.forward(m, None, b, amp=False)
+        logp, _, _ = T05.forward(m, None, b, amp=False)
         logp.sum().backward()
         hook.remove()
         return logp.detach(), len(calls)

@@ -1,10 +1,10 @@
 """Stage 05 maths against independent computations: mask, N_B across micro-batches, GRPO advantages,
 the first-step loss, clipping, GAE, merged turns; plus the CLI (one iteration, bad input)."""
 import dataclasses
+import functools
 import json
 import random
 
-import generation as G
 import numpy as np
 import pytest
 import torch
@@ -159,7 +159,7 @@ def test_sequences_mask_exactly_the_completions():
     for s, t in zip(seqs, [t for r in recs for t in r["model_turns"]]):
         assert s.ids == t["prompt_ids"] + t["completion_ids"]
         assert s.mask == [0] * len(t["prompt_ids"]) + [1] * len(t["completion_ids"])
-        b = G.token_batch([s], 0, "cpu", T05.TOKEN_FIELDS)
+        b = T05.token_batch([s], 0, "cpu", T05.TOKEN_FIELDS)
         assert b["tgt"].tolist() == t["completion_ids"]
 
 
@@ -220,7 +220,7 @@ def test_ppo_first_step_losses_by_hand(tiny, tmp_path, monkeypatch):
     counted across turns, returns = A; the first-step losses follow by hand."""
     recs = random_episodes(AutoTokenizer.from_pretrained(tiny).vocab_size, n=4, turns=2, seed=9)
     (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    monkeypatch.setenv("HARNESS_05_TEST_VARIANTS", "no-norm-adv")
+    monkeypatch.setattr(T05, "ppo_advantages", functools.partial(T05.ppo_advantages, whiten=False))  # raw A
     T05.main(["--algo", "ppo", "--policy", str(tiny), "--rollouts", str(tmp_path / "r.jsonl"), "--lam", "0.9",
               "--out", str(tmp_path / "it" / "policy"), "--ppo-epochs", "1", "--minibatches", "1"])
     n_b = sum(len(t["completion_ids"]) for r in recs for t in r["model_turns"])
@@ -280,7 +280,7 @@ def test_epochs_drive_every_algorithm_and_the_old_flag_name_still_works(tiny, tm
 
 def test_at_most_25_flags_and_the_lm_head_chunk_is_a_constant(capsys):
     """05's --help lists at most 25 flags (issue 29). The LM-head chunk changes no result (test_05_cost), so it is
-    generation.LOGIT_CHUNK, a constant a test sets through Context.chunk, not a flag."""
+    LOGIT_CHUNK, a constant a test sets through Context.chunk, not a flag."""
     import re
     with pytest.raises(SystemExit):
         T05.parse_args(["--help"])
@@ -562,7 +562,7 @@ def test_off_policy_warnings_and_kl_reference_printed(tiny, tmp_path, capsys):
                            "--out", str(tmp_path / "b" / "p")])
     err = capsys.readouterr().err
     assert "4 of 4 episodes" in err and "not by the loaded policy" in err
-    assert "logprob_mismatch" in err and s["logprob_mismatch"] > T05.MISMATCH_WARN and len(s["warnings"]) == 2
+    assert "logprob_mismatch" in err and s["logprob_mismatch"] > T05.off_policy.MISMATCH_WARN and len(s["warnings"]) == 2
 
 
 def test_truncated_importance_sampling_by_hand_and_off_by_default(tiny, tmp_path):
@@ -610,7 +610,7 @@ def test_truncated_importance_sampling_by_hand_and_off_by_default(tiny, tmp_path
 @pytest.mark.parametrize("all_equal", [False, True])
 def test_skipping_zero_advantage_sequences_changes_nothing(tiny, tmp_path, all_equal, monkeypatch):
     """GRPO: equal-reward groups have A = 0, so 05 skips their sequences (old log-probs and forward/backward)
-    while N_B still counts them. The update must equal the one that runs them (variant no-skip-zero-adv); a minibatch
+    while N_B still counts them. The update must equal the one that runs them all; a minibatch
     with no signal makes no optimizer step in either (all_equal: the weights stay bit-identical)."""
     recs = random_episodes(load(tiny).config.vocab_size, n=9, seed=41)
     for r in recs:  # groups g0, g1: equal rewards (A = 0); g2: different rewards (all_equal: every group equal)
@@ -619,9 +619,10 @@ def test_skipping_zero_advantage_sequences_changes_nothing(tiny, tmp_path, all_e
     roll = write_recs(tmp_path / "r.jsonl", recs)
     common = ["--algo", "grpo", "--policy", str(tiny), "--rollouts", str(roll), "--ppo-epochs", "2",
               "--minibatches", "3", "--lr", "1e-3", "--weight-decay", "0.1", "--micro-batch-size", "2"]
-    for name, variant in (("skip", ""), ("all", "no-skip-zero-adv")):
-        monkeypatch.setenv("HARNESS_05_TEST_VARIANTS", variant)
-        T05.main(common + ["--out", str(tmp_path / name / "p")])
+    T05.main(common + ["--out", str(tmp_path / "skip" / "p")])
+    with monkeypatch.context() as m:
+        m.setattr(T05, "trains", lambda u, s: True)  # every sequence runs (tests/variants05.py no-skip-zero-adv)
+        T05.main(common + ["--out", str(tmp_path / "all" / "p")])
     cfg = {k: json.loads((tmp_path / k / "05_train_config.json").read_text()) for k in ("skip", "all")}
     assert cfg["all"]["trained_sequences"] == cfg["all"]["sequences"]
     assert cfg["skip"]["trained_sequences"] == (0 if all_equal else 6)  # e2, e5, e8 (group g2) x 2 turns

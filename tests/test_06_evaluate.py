@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT, load_stage, run_stage
 
 ev = load_stage("06_evaluate.py")
+ER = load_stage("eval_rollouts.py")  # 06's rollouts (made by 04, reused when the same checkpoint made them)
 stats = load_stage("intervals.py")  # the interval statistics 06 imports
 BASE = "S0-T0-O0-C0-W0"
 SPACE_IDS = ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W1"]
@@ -407,7 +408,7 @@ def test_reused_rollouts_must_come_from_the_same_checkpoint(tmp_path):
     refused = run_stage("06_evaluate.py", *common, "--policy", ckpt, check=False)
     assert refused.returncode != 0 and "checkpoint.json does not" in refused.stderr and "--overwrite" in refused.stderr
     args = ev.parse_args(["--policy", str(ckpt), "--heldout", "3"])
-    ck = {**ev.checkpoint_request(args, ckpt), "splits": ALL_SPLITS}
+    ck = {**ER.checkpoint_request(args, ckpt), "splits": ALL_SPLITS}
     (run / "eval" / "mine" / "checkpoint.json").write_text(json.dumps(ck))
     ok = run_stage("06_evaluate.py", *common, "--policy", ckpt)  # every split exists: no 04 call
     assert ok.stdout.count("reusing it") == 6
@@ -471,7 +472,7 @@ def test_a_sigterm_to_the_pipeline_stops_06_and_the_04_it_runs(tmp_path):
     until it is told to stop (with subprocess.run, 06 would SIGKILL 04 on its way out and orphan the engine)."""
     code = tmp_path / "code"
     code.mkdir()
-    for name in ("06_evaluate.py", "plumbing.py", "intervals.py", "schemas.py", "environment.py"):
+    for name in ("06_evaluate.py", "eval_rollouts.py", "plumbing.py", "intervals.py", "schemas.py", "environment.py"):
         shutil.copy(ROOT / name, code / name)
     (code / "data").symlink_to(ROOT / "data")
     (code / "04_rollout.py").write_text(STAND_IN_04)

@@ -295,11 +295,6 @@ def test_compare_framework_columns_and_the_trained_in_mark(tmp_path):
     assert "smolagents native 8 tasks x 1 harness(es); pydantic-ai 8 tasks x 1 harness(es)" in md
 
 
-def test_compare_reads_the_columns_06_writes():
-    ev = load_stage("06_evaluate.py")
-    assert cmp.SPLITS == ev.SPLITS and cmp.FRAMEWORKS == ev.FRAMEWORKS and cmp.SPLIT_TITLES == ev.SPLIT_TITLES
-
-
 def test_compare_identical_rows_and_the_sign_test(tmp_path):
     """Two rows with the same per-task values say 'identical', never a zero-width interval; a row that differs gets
     the exact sign test on its discordant tasks, in the JSON and the table."""

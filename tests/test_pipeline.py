@@ -189,6 +189,9 @@ def test_bad_flags_leave_no_folder_and_paths_are_relative_to_the_caller(tmp_path
     assert "Traceback" not in bad.stderr and not (tmp_path / "r").exists()
     bad = run_stage("pipeline.py", "--run", tmp_path / "r", "--seeds", "0,1", check=False)
     assert bad.returncode == 2 and "--seeds is for --experiment" in bad.stderr and not (tmp_path / "r").exists()
+    bad = run_stage("pipeline.py", "--experiment", "main", "--run", tmp_path / "r", "--eval-heldout", 3, check=False)
+    assert bad.returncode == 2 and "--eval-heldout 3: an experiment's In-Space set is half" in bad.stderr
+    assert not (tmp_path / "r").exists()  # refused before the warm start, not at 02 an hour later
     # relative paths are the caller's, and the warm-start cache is keyed by its settings
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()

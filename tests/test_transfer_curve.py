@@ -187,9 +187,9 @@ def test_held_out_split_by_distance_to_the_methods_own_training_set_and_by_famil
 def test_the_distance_helpers_are_shared_with_compare():
     """One copy: compare.py splits its In-Space column with transfer_curve.py's helpers."""
     tc = load_stage("transfer_curve.py")
-    for helper in ("levels_of", "hamming", "distance_to", "pairs_by_distance", "pairs_by_family", "families_of",
-                   "cell_of"):
+    for helper in ("hamming", "distance_to", "pairs_by_distance", "pairs_by_family", "families_of", "cell_of"):
         assert getattr(cmp, helper).__module__ == "transfer_curve", helper  # imported, not a second definition
+    assert cmp.levels_of.__module__ == tc.levels_of.__module__ == "schemas"  # a harness id's parts: one copy
     assert tc.distance_to("S1-T1-O0-C0-W0", ["X-shell", "S0-T0-O0-C0-W0", "S1-T0-O0-C0-W0"]) == 1
     assert tc.distance_to("X-pydantic-ai", ["S0-T0-O0-C0-W0"]) is None  # out of the space: no distance
     assert tc.distance_to("S0-T0-O0-C0-W1", ["X-shell"]) is None

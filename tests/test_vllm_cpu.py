@@ -69,13 +69,10 @@ def test_tiny_train_mode_schema_groups_and_05_logprob_mismatch(tmp_path, tiny):
     config = json.loads((runs["vllm"] / "iter_000" / "04_rollout_config.json").read_text())
     assert config["backend"] == "vllm" and config["versions"]["vllm"]
 
-    # no-skip-zero-adv (05's test variant): score every sequence (a random model earns no reward, so every group
-    # has A = 0)
-    os.environ["HARNESS_05_TEST_VARIANTS"] = "no-skip-zero-adv"
-    try:
-        run_stage("05_train.py", "--run", runs["vllm"], "--iteration", 0, "--algo", "grpo", "--lr", 1e-4, timeout=600)
-    finally:
-        os.environ.pop("HARNESS_05_TEST_VARIANTS", None)
+    # every sequence scored (tests/variants05.py no-skip-zero-adv): a random model earns no reward, so every group
+    # has A = 0
+    run_stage("tests/variants05.py", "no-skip-zero-adv", "--", "--run", runs["vllm"], "--iteration", 0, "--algo",
+              "grpo", "--lr", 1e-4, timeout=600)
     info = json.loads((runs["vllm"] / "iter_000" / "05_train_config.json").read_text())
     print(f"tiny model, vLLM-CPU bf16 sampler vs 05 fp32: logprob_mismatch {info['logprob_mismatch']:.4f}")
     assert 0 < info["logprob_mismatch"] < 0.05  # 05 warns above 0.05 (MISMATCH_WARN)
