@@ -59,7 +59,8 @@ SAME_CONFIG = ["samples", "temperature", "max_turns", "max_new_tokens", "backend
 # is written once its reference and one more row have records. The policy before SFT is "untrained" (toy: random
 # weights) or "zero-shot" (a pretrained model); "+ppo": the method trained with 05 --algo ppo (in main: its Δ to
 # GRPO's harness-scaling; in ppo: the paper's comparison within PPO).
-TABLES = {"main": ("harness-scaling", ["untrained", "zero-shot", "warm-start", "harness-scaling", "single",
+TABLES = {"start": ("warm-start", ["untrained", "zero-shot", "warm-start"]),  # the policies before RL
+          "main": ("harness-scaling", ["untrained", "zero-shot", "warm-start", "harness-scaling", "single",
                                        "blackbox-sft", "blackbox-rl", "harness-scaling+ppo", "single+ppo"]),
           "selection": ("harness-scaling", ["harness-scaling", "random18"]),
           "assignment": ("harness-scaling", ["harness-scaling", "random-assign"]),
