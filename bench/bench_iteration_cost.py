@@ -96,10 +96,8 @@ def report(args, revs, walls, times, cmd):
     cpu = cpu_name()
     lines = [
         "# The cost of an RL iteration (04 + 05 on the small preset): before / after", "",
-        f"Command: `{cmd}`. Before = pipeline and stages at {revs['before']} (a 04 process, hence a vLLM engine, "
-        f"started for every iteration); after = {revs['after']} (one 04 process for all iterations, `04 --until`: "
-        "each iteration's policy loaded into the running engine). harness-scaling, seed 0, 12 tasks x 8 samples "
-        "an iteration, from the warm start. "
+        f"Command: `{cmd}`. Before = pipeline and stages at {revs['before']}; after = {revs['after']}. "
+        "harness-scaling, seed 0, 12 tasks x 8 samples an iteration, from the warm start. "
         f"Machine: {cpu}, {len(__import__('os').sched_getaffinity(0))} cores. Date "
         f"{datetime.date.today().isoformat()}. Wall time of the two pipeline calls: before {walls['before']:.0f} s, "
         f"after {walls['after']:.0f} s.", "",
