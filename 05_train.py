@@ -358,7 +358,8 @@ def sequence_logprobs(u, seqs, desc="log-probs"):
 
     def score(mine):  # {id(sequence): (log-probs, values)} of the sequences this process scores (torchrun: its share)
         scores, parts = {}, micro_batches(mine, u.args.micro_batch_size, u.args.micro_batch_tokens)
-        quiet, total = len(parts) <= 4 or not rank0(), len(parts)
+        total = len(parts)
+        quiet = total <= 4 or not rank0()
         if dist:  # --fsdp: as many forwards as the busiest rank
             parts = dist.padded(parts, lambda: run(by_length[:1]))
         for part in tqdm(parts, desc=desc, total=total, leave=False, disable=quiet):
@@ -498,8 +499,10 @@ def accumulate(u, minibatch):
     n_act = max(1, n_act)
     m = dict.fromkeys(LOG_TERMS, 0.0) | dict(tokens=n_b, seq_tokens=0, signal_sequences=int(n_signal))
     if dist:  # --fsdp: every rank runs as many micro-batches as the busiest, zero-weight ones after its own
-        micro = dist.padded(micro, lambda: forward(u.model, u.vhead, token_batch(
-            [min((s for s in minibatch if trains(u, s)), key=lambda s: len(s.ids))], u.pad_id, u.device), u.amp))
+        def filler():  # a forward of the minibatch's shortest trained sequence (called only when padding is due)
+            shortest = min((s for s in minibatch if trains(u, s)), key=lambda s: len(s.ids))
+            return forward(u.model, u.vhead, token_batch([shortest], u.pad_id, u.device), u.amp)
+        micro = dist.padded(micro, filler)
     for mb in micro:
         micro_step(u, mb, n_b, n_act, m)
     if dist:  # each term summed over the ranks
@@ -665,8 +668,10 @@ def prepare_batch(u, episodes, seqs, ref, shuffle_gen, warnings):
     a, n = u.args, len(seqs)
     size = a.minibatch_size or (math.ceil(n / a.minibatches) if a.minibatches else
                                 32 if a.algo == "sft" else math.ceil(n / 2))
-    orders = [torch.randperm(n, generator=shuffle_gen).tolist() for _ in range(a.epochs)]
-    epochs = [[[seqs[k] for k in order[j:j + size]] for j in range(0, n, size)] for order in orders]
+    epochs = []
+    for _ in range(a.epochs):
+        order = torch.randperm(n, generator=shuffle_gen).tolist()
+        epochs.append([[seqs[k] for k in order[j:j + size]] for j in range(0, n, size)])
     if u.args.algo != "sft" and trained:
         old_policy_scores(u, episodes, trained, ref, info)
         off_policy.logprob_mismatch(trained, info, warnings)
