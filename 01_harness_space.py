@@ -32,8 +32,8 @@ import json
 import re
 from pathlib import Path
 
-from plumbing import fail, jsonl_text, locked, read_json, read_text, surrogate_field, write_atomic
-from schemas import validate_component
+from common.plumbing import fail, jsonl_text, locked, read_json, read_text, surrogate_field, write_atomic
+from common.schemas import validate_component
 
 ORDER = ["S", "T", "O", "C", "W"]
 COMPONENT_NAMES = {"S": "system prompt", "T": "tool interface", "O": "observation",

@@ -65,7 +65,7 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text, surrogate_field, write_atomic
+from common.plumbing import fail, jsonl_text, locked, read_json, read_jsonl, read_text, surrogate_field, write_atomic
 
 # Taguchi's L18 (2^1 x 3^7), levels 1-based as published: G. Taguchi & S. Konishi, "Orthogonal
 # Arrays and Linear Graphs" (ASI Press, 1987); also OA(18, 2^1 3^7, 2) in N.J.A. Sloane's

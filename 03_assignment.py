@@ -32,7 +32,7 @@ import random
 from collections import Counter
 from pathlib import Path
 
-from plumbing import fail, jsonl_text, locked, read_jsonl, write_atomic
+from common.plumbing import fail, jsonl_text, locked, read_jsonl, write_atomic
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Stage 04: the harness interpreter and multi-turn rollouts, over the task environment of environment.py.
+"""Stage 04: the harness interpreter and multi-turn rollouts, over the task environment of common/environment.py.
 
     # train mode: tasks of iteration t from DIR/assignment.jsonl, x's i-th visit under H_x[i mod K], G samples each
     python 04_rollout.py --run runs/toy --iteration 0 --group-size 4 --tasks-per-iteration 32
@@ -33,13 +33,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from environment import TOOL_DOCS, ToolError, Workspace, argument, check_results, clip, oracle_reply, safe, score
-from generation import (BackendError, KeptEngine, ToolTemplate, encode, extend_prompt, load_for_generation,
-                        scripted_reply, tool_call_text)
-from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything, wait_for, write_atomic
-from schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, SYNTAXES  # noqa: F401 (the T.syntax names PARSERS reads)
-from schemas import BLACKBOXES, EVAL_ONLY, check_oracle, harness_pool, load_assignment, load_harness_file, load_tasks
-from schemas import select_harnesses, split_frameworks
+from common.environment import TOOL_DOCS, ToolError, Workspace, argument, check_results, clip, oracle_reply, safe, score
+from common.generation import (BackendError, KeptEngine, ToolTemplate, encode, extend_prompt, load_for_generation,
+                               scripted_reply, tool_call_text)
+from common.plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything, wait_for, write_atomic
+from common.schemas import CANONICAL_TOOLS as CANONICAL, COMPONENTS, SYNTAXES  # noqa: F401 (T.syntax's names)
+from common.schemas import (BLACKBOXES, EVAL_ONLY, check_oracle, harness_pool, load_assignment, load_harness_file,
+                            load_tasks, select_harnesses, split_frameworks)
 
 HERE = Path(__file__).resolve().parent  # data/ beside this file: the default tasks, the external harnesses
 EXTERNAL = HERE / "data" / "external_harnesses.json"  # X-shell and X-react: --harnesses external
@@ -346,7 +346,7 @@ def to_canonical(T, name, args):
     for a in CANONICAL[tool]:
         if args.get(shown[a]) is None:
             raise ToolError(f"missing argument {shown[a]!r}")
-        out[a] = argument(shown[a], args[shown[a]])  # a string of at most MAX_ARG chars (environment.py)
+        out[a] = argument(shown[a], args[shown[a]])  # a string of at most MAX_ARG chars (common/environment.py)
     return tool, out
 
 
@@ -359,7 +359,11 @@ class Episode:
         self.tools = declared_tools(self.T)  # JSON schemas for the chat template, or None (docs in the prompt)
         self.messages = initial_messages(harness, task, max_turns)
         self.n_head = len(self.messages)
-        self.turns = self.parse_errors = self.tool_errors = self.workflow_violations = self.workflow_checks = 0
+        self.turns = 0  # model replies so far
+        self.parse_errors = 0  # replies with a parse error
+        self.tool_errors = 0  # calls that raised a ToolError
+        self.workflow_violations = 0  # W's rules broken
+        self.workflow_checks = 0  # W's rules checked
         self.model_turns, self.finish_reason, self.reward, self.checks = [], None, 0.0, []
         self.error_turns, self.valid_call_turns = [], []  # 1-based turns with an error / a call that ran cleanly
         self.last = None  # (context shown, its prompt ids, completion ids, reply text) of the last model turn
@@ -511,7 +515,7 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
             texts = [oracle_reply(e.task, e.turns, e.T, e.W, render_call) for e in live]
             outs = [scripted_reply(t, tok)[1:] if tok is not None else None for t in texts]  # (ids + stop, None)
         else:
-            # an episode's sampling randomness is keyed by its episode_id alone (generation.py: episode_seed), so
+            # an episode's sampling randomness is keyed by its episode_id alone (common/generation.py: episode_seed), so
             # it draws the same tokens in one process or in any shard (--shard I/N); unnamed episodes: batch RNG
             keys = [e.meta.get("episode_id") for e in live]
             outs = ((backend.generate(prompts, turn, keys=keys) if all(keys) else backend.generate(prompts, turn))
@@ -562,6 +566,13 @@ def episode_meta(tid, hid, s, t=None, visit=None):
             "sample_index": s}
 
 
+def framework_meta(hid, t, visits):
+    """Train mode inside a framework: the meta of sample s of a task, its visit in iteration t's batch."""
+    def meta(task, s):
+        return episode_meta(task["task_id"], hid, s, t, visits[task["task_id"]])
+    return meta
+
+
 def train_jobs(args, tasks_by_id, tasks_path):
     """Train mode: iteration t's batch of tasks, each under its visit's harness, group_size samples each."""
     run, t = Path(args.run), args.iteration
@@ -600,7 +611,7 @@ def run_blackbox(args, frameworks, tasks, policy, backend, tok, positions):
                 t, hid, by_id = args.iteration, bridge.HARNESS_ID, {task["task_id"]: task for task in mine}
                 visits = dict(batch_visits(list(by_id), t, args.tasks_per_iteration, args.order_seed))
                 mine, samples = [by_id[tid] for tid in visits], args.group_size
-                meta = lambda task, s, v=visits: episode_meta(task["task_id"], hid, s, t, v[task["task_id"]])  # noqa
+                meta = framework_meta(hid, t, visits)
             jobs += bridge.episode_jobs(mine, policy, backend, tok, args.max_turns, args.max_new_tokens,
                                         args.temperature, samples, positions, meta)
         return bridge.run_jobs("+".join(f for f, _ in frameworks), jobs, backend, args.concurrency) if jobs else []
@@ -659,8 +670,12 @@ def run_stage(args, engine=None):  # engine: --until's KeptEngine, kept from cal
     tasks_path = Path(args.tasks or HERE / "data" / ("test_tasks.jsonl" if args.eval else "train_tasks.jsonl"))
     tasks = load_tasks(tasks_path)
     spec, frameworks = split_frameworks(args.harnesses)  # episodes inside a framework run there (run_blackbox)
-    jobs = (eval_jobs(args, tasks, spec) if spec else []) if args.eval else [] if frameworks else \
-        train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
+    if args.eval:
+        jobs = eval_jobs(args, tasks, spec) if spec else []
+    elif frameworks:
+        jobs = []  # training inside pydantic-ai: run_blackbox makes its episodes
+    else:
+        jobs = train_jobs(args, {t["task_id"]: t for t in tasks}, tasks_path)
     out = output_path(args)
     config_path = out.with_name(out.stem + ".04_rollout_config.json" if args.eval else "04_rollout_config.json")
     if shard:  # [multi-GPU] block I of N of the job list: contiguous, so the N files concatenated in order of I
@@ -719,7 +734,7 @@ def main(argv=None):
             return kept_engine(args)
         with lock:
             run_stage(args)
-    except BackendError as e:  # generation.py's bad input (a folder, vllm missing): one line, exit 2
+    except BackendError as e:  # common/generation.py's bad input (a folder, vllm missing): one line, exit 2
         fail(str(e))
 
 

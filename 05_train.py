@@ -13,8 +13,8 @@ The paper's multi-harness policy optimisation: the clipped surrogate over every 
 harness, trajectory) of the update batch, pi_old recomputed at the sampling temperature. `run_stage` runs the steps in
 order: flags, load, sequences, advantages, pi_old, the update loop (epochs x minibatches, one AdamW step each, around
 `objective`, its equation above it), save. The log-probs it trains on are computed here, above the objective. Beside
-it: off_policy.py (truncated IS, where another engine sampled) and, under torchrun only, distributed.py (each
-`if dist:` below). What it writes, its defaults and its rules: docs/stages.md.
+it: common/off_policy.py (truncated IS, where another engine sampled) and, under torchrun only, common/distributed.py
+(each `if dist:` below). What it writes, its defaults and its rules: docs/stages.md.
 """
 import argparse
 import contextlib
@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import off_policy
-from generation import (bf16_autocast, check_policy_folder, load_for_training, load_optimizer, load_reference,
-                        save_checkpoint)
-from plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything
-from schemas import load_train_rollouts
+from common import off_policy
+from common.generation import (bf16_autocast, check_policy_folder, load_for_training, load_optimizer, load_reference,
+                               save_checkpoint)
+from common.plumbing import fail, iteration_policy, jsonl_text, locked, seed_everything
+from common.schemas import load_train_rollouts
 
 LOGIT_CHUNK = 1024  # completion tokens per LM-head chunk: an fp32 [1024, 151,936] tensor is 0.6 GB
 ADV_EPS = 1e-6  # GRPO: A = (r - mean) / (std + eps)
@@ -85,10 +85,10 @@ def parse_args(argv=None):
 
 # ------------------------------------------------------------------------ one process, or N under torchrun
 # `python 05_train.py` is one process holding every sequence and the whole model: dist is None. Under `torchrun
-# --nproc_per_node N` (it sets LOCAL_RANK) dist is distributed.py, and each `if dist` below is the one point where
-# the N ranks share a step (N = 1 too: one GPU, NCCL and FSDP2). docs/engineering.md.
+# --nproc_per_node N` (it sets LOCAL_RANK) dist is common/distributed.py, and each `if dist` below is the one point
+# where the N ranks share a step (N = 1 too: one GPU, NCCL and FSDP2). docs/engineering.md.
 if "LOCAL_RANK" in os.environ:
-    import distributed as dist
+    from common import distributed as dist
 else:
     dist = None
 
@@ -319,7 +319,8 @@ def trunk_and_head(model, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
 
 def forward(model, vhead, batch, amp, entropy=False, chunk=LOGIT_CHUNK):
     """Log-probs (at temperature), entropies (or None) and values of the generated tokens only."""
-    # torchrun --fsdp: model.trunk_and_head is the function above, run through the root unit's hooks (distributed.py)
+    # torchrun --fsdp: model.trunk_and_head is the function above, run through the root unit's hooks
+    # (common/distributed.py)
     run = getattr(model, "trunk_and_head", None) or functools.partial(trunk_and_head, model)
     h, logp, ent = run(batch, amp, entropy, chunk)
     v = vhead(h.float()).squeeze(-1) if vhead is not None else None  # [N]
@@ -419,7 +420,10 @@ def objective(logp, ent, v, b, args, n_b):
         pg_loss, ratio = -logp.sum() / n_b, torch.ones_like(logp)
     else:
         pg_loss, ratio = policy_loss(logp, b["old_logp"], b["adv"], args.clip_eps, n_b, b.get("tis_w"))
-    kl = v_loss = entropy = 0.0
+    # the other terms are 0 when they are off
+    kl = 0.0
+    v_loss = 0.0
+    entropy = 0.0
     if args.algo != "sft" and args.kl_coef:  # KL term (k3)
         d = b["ref_logp"] - logp  # [N]
         kl = (torch.exp(d) - d - 1).sum() / n_b
@@ -577,8 +581,8 @@ def update(u, opt, epochs, trained, info, warnings):
 
 # ---------------------------------------------------------------------------------- input checking
 # Bad input stops with one line on stderr naming the file, line and field (or the flag), exit 2, nothing written:
-# the flags and every rollout record (schemas.py) before any weight is loaded; then two guards: check_head once the
-# model is loaded (generation.py), check_finite before anything is saved.
+# the flags and every rollout record (common/schemas.py) before any weight is loaded; then two guards: check_head once the
+# model is loaded (common/generation.py), check_finite before anything is saved.
 def check_flags(args):
     """The flags' values, before anything is read."""
     for k in ("epochs", "micro_batch_size", "minibatches", "minibatch_size", "micro_batch_tokens"):
@@ -666,12 +670,19 @@ def prepare_batch(u, episodes, seqs, ref, shuffle_gen, warnings):
     # the minibatches of `size` sequences (--minibatch-size, or n / --minibatches, or SFT 32, RL n / 2): a fresh
     # random order each epoch, drawn from the update's own generator
     a, n = u.args, len(seqs)
-    size = a.minibatch_size or (math.ceil(n / a.minibatches) if a.minibatches else
-                                32 if a.algo == "sft" else math.ceil(n / 2))
-    epochs = []
+    if a.minibatch_size:
+        size = a.minibatch_size
+    elif a.minibatches:
+        size = math.ceil(n / a.minibatches)
+    else:
+        size = 32 if a.algo == "sft" else math.ceil(n / 2)
+    epochs = []  # epochs[e][m]: the sequences of minibatch m of epoch e
     for _ in range(a.epochs):
         order = torch.randperm(n, generator=shuffle_gen).tolist()
-        epochs.append([[seqs[k] for k in order[j:j + size]] for j in range(0, n, size)])
+        minibatches = []
+        for j in range(0, n, size):
+            minibatches.append([seqs[k] for k in order[j:j + size]])
+        epochs.append(minibatches)
     if u.args.algo != "sft" and trained:
         old_policy_scores(u, episodes, trained, ref, info)
         off_policy.logprob_mismatch(trained, info, warnings)
@@ -728,7 +739,7 @@ def run_stage(args):
         dist.init(args.fsdp)
     policy, rollouts, out, ref, episodes, warnings = check_inputs(args)
     # ---- seeding: python, numpy, torch (CPU + CUDA); the minibatch order has its own generator. CPU, fp32: the same
-    # bits run after run, with 1 or 2 threads; AVX2 vs AVX512 kernels round otherwise (bench/warmstart_repro.py)
+    # bits run after run, with 1 or 2 threads; AVX2 vs AVX512 kernels round otherwise (experiments/bench/warmstart_repro.py)
     seed_everything(args.seed)
     shuffle_gen = torch.Generator().manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,7 +11,7 @@ transfer figure). Two more columns hold harnesses whose call syntax no policy ha
 framework column is titled by the framework and version its episodes ran in.
 
 This stage owns no environment: it asks stage 04 (eval mode) for the rollouts of each split and
-scores them (eval_rollouts.py: one 04 call; files already there reused only when the same checkpoint and
+scores them (common/eval_rollouts.py: one 04 call; files already there reused only when the same checkpoint and
 settings made them). Everything it prints is computed from those rollout files.
 
     # evaluate the run's latest checkpoint (or --policy PATH) and label the row
@@ -25,8 +25,8 @@ settings made them). Everything it prints is computed from those rollout files.
     python 06_evaluate.py --run runs/exp/blackbox-rl --label blackbox-rl --trained-in X-pydantic-ai
     # score rollouts that already exist, without calling 04 (e.g. made on another machine)
     python 06_evaluate.py --run runs/default --label harness-scaling --no-rollout
-    # the paper's table across runs (paired differences to a reference row): compare.py, on these folders
-    python compare.py runs/default runs/single-harness
+    # the paper's table across runs (paired differences to a reference row): experiments/compare.py, on these folders
+    python experiments/compare.py runs/default runs/single-harness
 
 Reads   RUN/train_harnesses.jsonl, RUN/heldout_harnesses.jsonl (from 02), RUN/iter_*/rollouts.jsonl
 Writes  RUN/eval/<label>/<split>.jsonl  (rollouts made by 04 --eval), one per split: base, inspace,
@@ -44,10 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
-from eval_rollouts import check_made_by, check_pairs, make_rollouts
-from intervals import CI_NOTE, fmt, pair_means, pass1_ci, task_means, wilson
-from plumbing import fail, locked, read_json, read_jsonl, read_text, write_atomic
-from schemas import COMPONENTS, FRAMEWORKS, SPLIT_TITLES, SPLITS, levels_of, load_rollouts
+from common.eval_rollouts import check_made_by, check_pairs, make_rollouts
+from common.intervals import CI_NOTE, fmt, pair_means, pass1_ci, task_means, wilson
+from common.plumbing import fail, locked, read_json, read_jsonl, read_text, write_atomic
+from common.schemas import COMPONENTS, FRAMEWORKS, SPLIT_TITLES, SPLITS, levels_of, load_rollouts
 
 HERE = Path(__file__).resolve().parent
 

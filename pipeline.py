@@ -30,9 +30,9 @@ Experiments (--experiment): methods that share one warm start, one task split, o
   assignment (+ random-assign), k (k1, harness-scaling = K 3, k5). With --curve-every K (small: 4), the transfer
   curve: harness-scaling's and single's checkpoints every K iterations on their training harnesses and on the
   held-out set, EXP/<method>/curve/. Each method (and seed) ends with its record in a results ledger (--ledger,
-  default EXP/records; ledger.py); the tables are built from the ledger's records, EXP/comparison-<table>.{md,json}
-  and EXP/comparison-transfer_curve.* (compare.py --ledger). A record already in the ledger is not made again; a
-  ledger of other common ground is refused before any training.
+  default EXP/records; experiments/ledger.py); the tables are built from the ledger's records,
+  EXP/comparison-<table>.{md,json} and EXP/comparison-transfer_curve.* (experiments/compare.py --ledger). A record
+  already in the ledger is not made again; a ledger of other common ground is refused before any training.
 
     python pipeline.py --experiment main --preset small --run runs/exp --ledger results/records/small
     python pipeline.py --experiment main --preset small --run runs/exp2 --ledger results/records/small \
@@ -56,9 +56,8 @@ import sys
 import time
 from pathlib import Path
 
-import ledger as ledger_mod
-from plumbing import (fail, iteration_policy, jsonl_text, locked, read_json, read_jsonl, run_child, stop_signals,
-                      write_atomic)
+from common.plumbing import (fail, iteration_policy, jsonl_text, locked, read_json, read_jsonl, run_child, stop_signals,
+                             write_atomic)
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -143,7 +142,8 @@ def parse_args(argv=None):
                    "05-it1): simulates an interruption; the same command then continues")
     g.add_argument("--overwrite", action="store_true", help="delete the run folder first if its settings differ")
     g.add_argument("--ledger", default=None, metavar="DIR", help="experiments: the results ledger each method's "
-                   "record goes to (default EXP/records; ledger.py): the (method, seed) records it has are skipped, "
+                   "record goes to (default EXP/records; experiments/ledger.py): the (method, seed) records it has are "
+                   "skipped, "
                    "other common ground refused")
     g = p.add_argument_group("RL budget and update (override the preset)")
     g.add_argument("--iterations", type=int, help="RL iterations (04 + 05 each)")
@@ -300,8 +300,13 @@ def step(name, output, cmd, args, log=None, shards=1, kept_04=None):
         if shards == 1 and kept_04 is None:
             print(f"[pipeline] {name}: python {' '.join(str(c) for c in cmd)}", flush=True)
         t0 = time.time()
-        if not (kept_04.wait(name, cmd, output) if kept_04 else run_shards(name, output, cmd, shards) if shards > 1 else
-                run_stage([PY, *map(str, cmd)]) == 0):
+        if kept_04:
+            ok = kept_04.wait(name, cmd, output)
+        elif shards > 1:
+            ok = run_shards(name, output, cmd, shards)
+        else:
+            ok = run_stage([PY, *map(str, cmd)]) == 0
+        if not ok:
             print(f"error: step {name} failed (command above); fix it and re-run: finished steps are kept",
                   file=sys.stderr)
             raise SystemExit(1)
@@ -451,9 +456,9 @@ def warm_start(cfg, args, ws, train_tasks):
               "--tasks", probe_tasks, "--out", ws / "probe.jsonl", "--backend",
               cfg["backend"], "--temperature", 0, "--max-turns", cfg["max_turns"], "--max-new-tokens",
               cfg["max_new_tokens"], "--seed", key["seed"], *vllm_flags_of(cfg)], args)
-        step("ws-fingerprint", ws / "fingerprint.json", ["ledger.py", "fingerprint", "--policy", ws / "policy",
-                                                         "--probe", ws / "probe.jsonl", "--out", ws / "fingerprint.json"],
-             args)
+        step("ws-fingerprint", ws / "fingerprint.json",
+             ["experiments/ledger.py", "fingerprint", "--policy", ws / "policy", "--probe", ws / "probe.jsonl",
+              "--out", ws / "fingerprint.json"], args)
 
 
 # ----------------------------------------------------------------------------- one method in one run folder
@@ -579,7 +584,7 @@ def checkpoint_after(run, n):
 def curve(cfg, args, run, tasks, eval_set, vllm_flags):
     """Greedy rollouts of the checkpoints after 0, K, 2K, ... and the last iteration, on the curve's test tasks
     under the experiment's In-Space evaluation set (held out by every method) and under this run's own training
-    harnesses: one 04 call per checkpoint, RUN/curve/iter-NNN.jsonl (transfer_curve.py scores them)."""
+    harnesses: one 04 call per checkpoint, RUN/curve/iter-NNN.jsonl (experiments/transfer_curve.py scores them)."""
     n, k = cfg["iterations"], cfg["curve_every"]
     ids = [h["harness_id"] for h in rows_of(eval_set) + rows_of(run / "train_harnesses.jsonl")]
     for t in sorted({0, n, *range(k, n, k)}):
@@ -596,7 +601,7 @@ def experiment(cfg, args, vllm_flags):
     exp = Path(args.run or f"runs/{args.preset}-{args.experiment}").resolve()
     methods = EXPERIMENTS[args.experiment]
     claim(exp, dict(cfg, experiment=args.experiment, methods=methods), "experiment_config.json", args.overwrite)
-    ledger = Path(args.ledger or exp / "records").resolve()  # each method's record (ledger.py)
+    ledger = Path(args.ledger or exp / "records").resolve()  # each method's record (experiments/ledger.py)
     now = args.method.split(",") if args.method else methods  # --method: only these methods of it now
     train_tasks = exp / "train_tasks.jsonl"
     if not train_tasks.exists():
@@ -643,11 +648,12 @@ def experiment(cfg, args, vllm_flags):
             record(args, exp, ledger, runs[(m, s)], m, name, s)
 
     # every table of the ledger's records (this run's and earlier ones'): each row against the paper's method,
-    # paired over tasks, with what each method spent; the transfer curve (compare.py, transfer_curve.py)
-    # (every time: a later run's records change them; the bootstrap's seed stays compare.py's, as in results/tables)
-    print(f"[pipeline] compare: python compare.py --ledger {ledger} --out {exp / 'comparison'}", flush=True)
-    if run_stage([PY, "compare.py", "--ledger", ledger, "--out", exp / "comparison"]) != 0:
-        fail(f"compare.py could not build the tables of {ledger} (above)")
+    # paired over tasks, with what each method spent; the transfer curve (experiments/compare.py,
+    # experiments/transfer_curve.py) (every time: a later run's records change them; the bootstrap's seed stays
+    # experiments/compare.py's, as in results/tables)
+    print(f"[pipeline] compare: python experiments/compare.py --ledger {ledger} --out {exp / 'comparison'}", flush=True)
+    if run_stage([PY, "experiments/compare.py", "--ledger", ledger, "--out", exp / "comparison"]) != 0:
+        fail(f"experiments/compare.py could not build the tables of {ledger} (above)")
 
 
 def evaluation_set(cfg, args, exp, runs, ref, ledger):
@@ -687,24 +693,25 @@ def evaluation_set(cfg, args, exp, runs, ref, ledger):
 
 
 def check_ground(cfg, args, exp, ws, eval_set, ledger):
-    """Stop (exit 2) if the ledger holds records of other common ground; else EXP/ground.json, the ground this run's
-    records carry (and EXP/warm_start_distance.json when the warm start re-created here joins within tolerance)."""
-    ground, distance = ledger_mod.check_ground(ledger, ground_of(cfg, args, ws, eval_set),
-                                               [h["harness_id"] for h in rows_of(eval_set)],
-                                               ws / "fingerprint.sketch.json")
-    write_atomic(exp / "ground.json", json.dumps(ground, indent=2, sort_keys=True) + "\n")
-    (exp / "warm_start_distance.json").unlink(missing_ok=True)
-    if distance:  # this warm start's weights differ from the ledger's in their last bits: each record says how far
-        write_atomic(exp / "warm_start_distance.json", json.dumps(distance, indent=2) + "\n")
+    """Stop (exit 2) if the ledger holds records of other common ground (experiments/ledger.py ground); else
+    EXP/ground.json, the ground this run's records carry (and EXP/warm_start_distance.json when the warm start
+    re-created here joins within tolerance)."""
+    write_atomic(exp / "ground.proposed.json", json.dumps(ground_of(cfg, args, ws, eval_set), indent=2) + "\n")
+    cmd = [PY, "experiments/ledger.py", "ground", "--ledger", ledger, "--proposed", exp / "ground.proposed.json",
+           "--eval-set", eval_set, "--sketch", ws / "fingerprint.sketch.json", "--out", exp / "ground.json",
+           "--distance-out", exp / "warm_start_distance.json"]
+    if run_stage([str(c) for c in cmd]) != 0:
+        sys.exit(2)  # experiments/ledger.py named the field that differs
 
 
 def ground_of(cfg, args, ws, eval_set):
-    """The common ground of this run's records (ledger.py): what two records must share to sit in one table."""
+    """The common ground of this run's records (experiments/ledger.py): what two records must share to sit in one
+    table."""
     budget = {k: v for k, v in cfg.items() if k not in ("seed", "seeds", "algo", "method", "train_tasks_sha",
                                                          "test_tasks_sha")}
     return {"preset": args.preset, "budget": budget, "warm_start": read_json(ws / "fingerprint.json"),
             "eval_set": sorted(h["harness_id"] for h in rows_of(eval_set)), "train_tasks": sha(args.train_tasks),
-            "test_tasks": sha(args.test_tasks), "versions": ledger_mod.versions()}
+            "test_tasks": sha(args.test_tasks)}  # experiments/ledger.py adds the package versions
 
 
 def in_ledger(ledger, method, seed):
@@ -724,10 +731,11 @@ def shown_path(arg):
 
 
 def record(args, exp, ledger, run, label, method, seed):
-    """The record of one evaluated policy in the ledger (ledger.py write); the command as typed, paths relative."""
+    """The record of one evaluated policy in the ledger (experiments/ledger.py write); the command as typed, paths
+    relative."""
     command = " ".join(["python pipeline.py", *map(shown_path, sys.argv[1:])])
     step(f"record-{method}-{seed}", ledger / method / f"seed{seed}" / "record.json",
-         ["ledger.py", "write", "--run", run, "--label", label, "--method", method, "--seed", seed,
+         ["experiments/ledger.py", "write", "--run", run, "--label", label, "--method", method, "--seed", seed,
           "--ground", exp / "ground.json", "--ledger", ledger, "--command", command,
           *(["--warm-start-distance", exp / "warm_start_distance.json"]
             if (exp / "warm_start_distance.json").is_file() else [])], args)

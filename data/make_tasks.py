@@ -5,7 +5,7 @@
     python -m pytest -q -s tests/test_task_floors.py   # the guessing floors of the committed sets, per family
 
 Same seed, same files (the committed sets are made with the defaults). The generator only
-writes data; the environment that runs and scores the tasks lives in environment.py (04_rollout.py runs it).
+writes data; the environment that runs and scores the tasks lives in common/environment.py (04_rollout.py runs it).
 
 Task schema (one JSON object per line; bring your own tasks in the same shape):
 

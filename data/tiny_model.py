@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # plumbing.py, in the repository root
-from generation import HERMES_TOOLS  # noqa: E402
-from plumbing import fail, read_text, write_atomic  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # common/plumbing.py, in the repository root
+from common.generation import HERMES_TOOLS  # noqa: E402
+from common.plumbing import fail, read_text, write_atomic  # noqa: E402
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (

@@ -108,8 +108,8 @@ def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from environment import TOOL_DOCS
-    from generation import HERMES_TOOLS
+    from common.environment import TOOL_DOCS
+    from common.generation import HERMES_TOOLS
     # the tasks, the harness texts, and the tool block T0's chat template adds (data/tiny_model.py does the same)
     corpus = [json.dumps(t) for t in read_tasks()] + S_TEMPLATES + [json.dumps(T_RENAMES), HERMES_TOOLS,
                                                                    json.dumps(TOOL_DOCS)]

@@ -9,9 +9,9 @@ from collections import Counter
 
 import pytest
 
-import generation as G
+from common import generation as G
 import helpers_04 as H
-import schemas as S
+from common import schemas as S
 from conftest import load_stage, run_stage
 
 pytest.importorskip("pydantic_ai")
@@ -115,7 +115,7 @@ def test_a_tiny_policy_in_train_mode_trains_in_05(tiny, tmp_path):
 def test_each_episode_draws_its_own_randomness(tiny):
     """A bridge episode's tokens depend on its episode_id and the seed alone, not on the episodes run before it
     (as in 04's lockstep rollouts): task B's episodes are the same run after task A's or alone."""
-    import pydantic_ai_harness as P
+    from bridges import pydantic_ai_harness as P
     path, tok = tiny
     a, b = H.read_tasks()[:2]
 

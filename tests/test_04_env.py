@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import load_stage
 
-import environment as E
+from common import environment as E
 import helpers_04 as H
 
 R = load_stage("04_rollout.py")

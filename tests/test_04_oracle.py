@@ -8,10 +8,9 @@ import sys
 import pytest
 from conftest import load_stage, run_stage
 
-import environment as E
+from common import environment as E
 import helpers_04 as H
-import schemas as S
-
+from common import schemas as S
 R = load_stage("04_rollout.py")
 FAMILIES = ["lookup", "sum", "edit", "multihop", "search", "count"]
 EXAMPLE = H.ROOT / "data" / "example_harness.json"

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import load_stage, run_stage
 
-import generation as G
+from common import generation as G
 import helpers_04 as H
 
 R = load_stage("04_rollout.py")

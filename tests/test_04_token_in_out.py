@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import load_stage
 
-import generation as G
+from common import generation as G
 import helpers_04 as H
 
 R = load_stage("04_rollout.py")

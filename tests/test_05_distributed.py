@@ -13,7 +13,7 @@ from conftest import ROOT, load_stage
 from safetensors.torch import load_file
 
 T05 = load_stage("05_train.py")
-DIST = load_stage("distributed.py")  # imported by 05 under torchrun only
+DIST = load_stage("common/distributed.py")  # imported by 05 under torchrun only
 TOL = 0.01  # ||theta_2rank - theta_1proc|| <= 1% of ||theta_1proc - theta_0||
 
 
@@ -44,7 +44,7 @@ def flat(policy):
 def launch(argv, mode):
     """05 with argv: mode one (plain `python 05_train.py` code path, in this process), or two gloo ranks under
     torchrun: two (the default port), naive (tests/variants05.py naive-local-nb), fsdp (--fsdp); or one rank under
-    torchrun (distributed.py over a group of one, as on one GPU): rank1, rank1-fsdp."""
+    torchrun (common/distributed.py over a group of one, as on one GPU): rank1, rank1-fsdp."""
     if mode == "one":
         return T05.main(argv)
     # CUDA hidden: these are gloo ranks on the CPU, also on a GPU machine (2 NCCL ranks need 2 GPUs)
@@ -199,8 +199,9 @@ def test_fsdp_needs_torchrun(tiny05, tmp_path, capsys):
 
 @pytest.mark.parametrize("mode", ["rank1", "rank1-fsdp"])
 def test_one_rank_under_torchrun_is_the_one_process_update_exactly(update, mode):
-    """torchrun --nproc_per_node 1 (a user with one GPU; bench/gpu_check.py's torchrun step) runs distributed.py
-    over a group of one, with and without FSDP2: every sum is over one rank, so the weights are the one
+    """torchrun --nproc_per_node 1 (a user with one GPU; experiments/bench/gpu_check.py's torchrun step) runs
+    common/distributed.py over a group of one, with and without FSDP2: every sum is over one rank, so the weights are
+    the one
     process's, bit for bit."""
     one, rank1 = flat(update("grpo", "one")), flat(update("grpo", mode))
     if torch.cuda.is_available():  # "one" ran on the GPU here, the ranks on the CPU: the 2-rank tolerance

@@ -3,7 +3,7 @@ the direct base_model + output-embedding path must apply (or refuse), dropout of
 without turning gradient checkpointing off."""
 import random
 
-import generation as G
+from common import generation as G
 import pytest
 import torch
 from conftest import load_stage

@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, load_stage, run_stage
 
 ev = load_stage("06_evaluate.py")
-ER = load_stage("eval_rollouts.py")  # 06's rollouts (made by 04, reused when the same checkpoint made them)
-stats = load_stage("intervals.py")  # the interval statistics 06 imports
+ER = load_stage("common/eval_rollouts.py")  # 06's rollouts (made by 04, reused when the same checkpoint made them)
+stats = load_stage("common/intervals.py")  # the interval statistics 06 imports
 BASE = "S0-T0-O0-C0-W0"
 SPACE_IDS = ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W1"]
 
@@ -195,7 +195,7 @@ def test_cli_scores_existing_rollouts_and_compares(tmp_path):
     assert "T1: 4/8 = 50% [" in md and "treated as independent" in md
     assert "| mine | 75.0 [" in proc.stdout
     assert (run / "eval" / "mine" / "summary.json").stat().st_mtime_ns >= (run / "results.md").stat().st_mtime_ns
-    cmp = run_stage("compare.py", run, run)
+    cmp = run_stage("experiments/compare.py", run, run)
     assert cmp.stdout.count("| run/mine | 75.0 [") == 2
 
 
@@ -216,7 +216,7 @@ def test_cli_bad_input_names_file_and_line(tmp_path):
     assert proc.returncode != 0
     assert f"{bad}:5" in proc.stderr
     assert not (run / "eval_summary.json").exists() and not (run / "results.md").exists()
-    missing = run_stage("compare.py", tmp_path / "nope", check=False)
+    missing = run_stage("experiments/compare.py", tmp_path / "nope", check=False)
     assert missing.returncode != 0 and "eval_summary.json: file not found" in missing.stderr
 
 
@@ -270,7 +270,8 @@ def test_framework_columns_hold_their_tasks_and_harness(tmp_path):
 
 def test_trained_in_marks_the_framework_column(tmp_path):
     """--trained-in X-pydantic-ai (a black-box baseline trained inside pydantic-ai): its pydantic-ai cell is marked
-    trained in, in the summary, results.md and compare.py's table; the other columns are transfer figures. An id
+    trained in, in the summary, results.md and experiments/compare.py's table; the other columns are transfer figures.
+    An id
     06 does not evaluate, or an in-space configuration, is refused."""
     run = make_run(tmp_path)
     score(run, "--trained-in", "X-pydantic-ai")
@@ -284,7 +285,7 @@ def test_trained_in_marks_the_framework_column(tmp_path):
     assert summary["external_ids"] == ["X-shell", "X-react"]
     other = make_run(tmp_path, "other")
     score(other)
-    cmp = run_stage("compare.py", run / "eval" / "mine", other / "eval" / "mine", "--out", tmp_path / "cmp")
+    cmp = run_stage("experiments/compare.py", run / "eval" / "mine", other / "eval" / "mine", "--out", tmp_path / "cmp")
     report = json.loads((tmp_path / "cmp.json").read_text())
     marks = {r["name"]: [s for s, x in r["splits"].items() if x["trained_in"]] for r in report["rows"]}
     assert marks == {"run/mine": ["pydantic-ai"], "other/mine": []}
@@ -361,7 +362,7 @@ def test_cli_rollouts_one_04_call_split_by_harness(tmp_path):
 def test_eval_set_shared_across_runs_and_trained_external_leaves_out_of_space(tmp_path):
     """Two runs with different training sets (one also trained inside X-shell) evaluated on one --eval-harnesses
     file: identical In-Space harness ids and tasks; X-shell leaves the second run's Out-of-Space split (a
-    --harness-file harness stays), and compare.py then drops it from every row."""
+    --harness-file harness stays), and experiments/compare.py then drops it from every row."""
     import helpers_04 as H
     a = H.make_run(tmp_path / "a", {"S0-T1-O1-C1-W1"}, {})
     b = H.make_run(tmp_path / "b", {"S1-T0-O0-C0-W0", "S2-T0-O0-C0-W0"}, {})
@@ -385,7 +386,7 @@ def test_eval_set_shared_across_runs_and_trained_external_leaves_out_of_space(tm
     sb = json.loads((b / "eval" / "o" / "summary.json").read_text())
     assert sb["train_ids"] == sorted(["S1-T0-O0-C0-W0", "S2-T0-O0-C0-W0", "X-shell"])
     assert sb["external_ids"] == ["X-react", "X-example-fs"] and sb["splits"]["external"]["pass@1"] == 1.0
-    cmp = run_stage("compare.py", a / "eval" / "o", b, "--out", tmp_path / "cmp")
+    cmp = run_stage("experiments/compare.py", a / "eval" / "o", b, "--out", tmp_path / "cmp")
     report = json.loads((tmp_path / "cmp.json").read_text())
     assert report["common_ground"]["splits"]["external"]["harness_ids"] == ["X-example-fs", "X-react"]
     assert report["common_ground"]["excluded_external"] == ["X-shell"]
@@ -472,7 +473,7 @@ def test_a_sigterm_to_the_pipeline_stops_06_and_the_04_it_runs(tmp_path):
     until it is told to stop (with subprocess.run, 06 would SIGKILL 04 on its way out and orphan the engine)."""
     code = tmp_path / "code"
     code.mkdir()
-    for name in ("06_evaluate.py", "eval_rollouts.py", "plumbing.py", "intervals.py", "schemas.py", "environment.py"):
+    for name in ("06_evaluate.py", "common/eval_rollouts.py", "common/plumbing.py", "common/intervals.py", "common/schemas.py", "common/environment.py"):
         shutil.copy(ROOT / name, code / name)
     (code / "data").symlink_to(ROOT / "data")
     (code / "04_rollout.py").write_text(STAND_IN_04)

@@ -301,7 +301,7 @@ time.sleep(60)
 
 DRIVER = """
 import sys
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]  # tests/ (conftest) and the repository root (plumbing.py)
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/.."]  # tests/ (conftest) and the repository root (common/plumbing.py)
 from conftest import load_stage
 P = load_stage("pipeline.py")
 P.run_stage([sys.executable, sys.argv[2], sys.argv[3]])

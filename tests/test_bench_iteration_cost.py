@@ -1,5 +1,5 @@
-"""bench/bench_iteration_cost.py's report from two run folders made by hand: the per-iteration sums, the ratios
-after / before, the split into work (04's episodes + 05's update and scoring) and the rest, and the episode
+"""experiments/bench/bench_iteration_cost.py's report from two run folders made by hand: the per-iteration sums, the
+ratios after / before, the split into work (04's episodes + 05's update and scoring) and the rest, and the episode
 agreement, each against numbers computed here."""
 import json
 import sys
@@ -7,8 +7,8 @@ import types
 
 from conftest import ROOT, load_stage
 
-sys.path.insert(0, str(ROOT / "bench"))
-B = load_stage("bench/bench_iteration_cost.py")
+sys.path.insert(0, str(ROOT / "experiments" / "bench"))
+B = load_stage("experiments/bench/bench_iteration_cost.py")
 
 STEPS = {"before": {"04-it0": 70.0, "05-it0": 50.0, "04-it1": 80.0, "05-it1": 60.0},
          "after": {"04-it0": 100.0, "05-it0": 55.0, "04-it1": 40.0, "05-it1": 50.0}}

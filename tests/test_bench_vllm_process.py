@@ -1,5 +1,6 @@
-"""bench/bench_vllm_process.py without an engine: the trials alternate the two settings, each in a process of its own
-whose environment asks vLLM for its processes or not, the trial's line is found among vLLM's log lines, and the
+"""experiments/bench/bench_vllm_process.py without an engine: the trials alternate the two settings, each in a process
+of its own whose environment asks vLLM for its processes or not, the trial's line is found among vLLM's log lines, and
+the
 report's medians and ratios equal numbers computed here."""
 import json
 import sys
@@ -7,8 +8,8 @@ import types
 
 from conftest import ROOT, load_stage
 
-sys.path.insert(0, str(ROOT / "bench"))
-B = load_stage("bench/bench_vllm_process.py")
+sys.path.insert(0, str(ROOT / "experiments" / "bench"))
+B = load_stage("experiments/bench/bench_vllm_process.py")
 
 # (start, five rounds) per trial, in the order they run: in-process, three processes, in-process, three processes
 SECONDS = [(3.0, [5.0, 5.0, 4.0, 4.0, 4.0]), (17.0, [6.0, 6.0, 5.0, 5.0, 4.0]),

@@ -1,6 +1,7 @@
-"""The two black-box frameworks with native tool calls (smolagents_native_harness.py: smolagents' ToolCallingAgent,
-pydantic_ai_harness.py: pydantic-ai's Agent) and generation.py's function calling: the oracle solves every test
-task inside each, records keep 04's schema and are token-in/token-out, and hostile replies end as parse or tool
+"""The two black-box frameworks with native tool calls (bridges/smolagents_native_harness.py: smolagents'
+ToolCallingAgent, bridges/pydantic_ai_harness.py: pydantic-ai's Agent) and common/generation.py's function calling: the
+oracle solves every test task inside each, records keep 04's schema and are token-in/token-out, and hostile replies end
+as parse or tool
 errors, never a crash. Offline."""
 import importlib.util
 import json
@@ -11,15 +12,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-import environment as E  # noqa: E402
+from common import environment as E  # noqa: E402
 import helpers_04 as H  # noqa: E402
 from conftest import load_stage  # noqa: E402
 
 pytest.importorskip("pydantic_ai")
 R = load_stage("04_rollout.py")
-G = load_stage("generation.py")
-N = load_stage("smolagents_native_harness.py")
-P = load_stage("pydantic_ai_harness.py")
+G = load_stage("common/generation.py")
+N = load_stage("bridges/smolagents_native_harness.py")
+P = load_stage("bridges/pydantic_ai_harness.py")
 TEST_TASKS = R.load_tasks(H.ROOT / "data" / "test_tasks.jsonl")
 TASK = next(t for t in TEST_TASKS if t["family"] == "lookup")
 META = {"episode_id": "e", "iteration": None, "visit": None, "group_id": "g", "sample_index": 0}
@@ -59,7 +60,7 @@ def tiny(tmp_path_factory):
     return path, G.load_tokenizer(path)
 
 
-# ----------------------------------------------------------------------------- generation.py: function calling
+# ----------------------------------------------------------------------------- common/generation.py: function calling
 def test_parse_tool_calls_mirrors_vllms_hermes_parser():
     call = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"}}\n</tool_call>'
     assert G.parse_tool_calls("no call here") == ([], None)

@@ -10,14 +10,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-import generation  # noqa: E402  (the module 04 imports: its HFBackend is the one 04's main builds)
+from common import generation  # noqa: E402  (the module 04 imports: its HFBackend is the one 04's main builds)
 import helpers_04 as H  # noqa: E402
 from conftest import load_stage  # noqa: E402
 
 pytest.importorskip("pydantic_ai")
 R = load_stage("04_rollout.py")
-N = load_stage("smolagents_native_harness.py")
-P = load_stage("pydantic_ai_harness.py")
+N = load_stage("bridges/smolagents_native_harness.py")
+P = load_stage("bridges/pydantic_ai_harness.py")
 TASKS = R.load_tasks(H.ROOT / "data" / "test_tasks.jsonl")[:3]
 BRIDGES = {"smolagents-native": (N.run_native_episodes, "final_answer"),
            "pydantic-ai": (P.run_pydantic_ai_episodes, "submit")}

@@ -1,4 +1,5 @@
-"""compare.py: the paired bootstrap and the sign test against independent computations, and the table across runs
+"""experiments/compare.py: the paired bootstrap and the sign test against independent computations, and the table across
+runs
 (common ground, replicates, reference row) on hand-made RUN/eval/LABEL folders."""
 import itertools
 import json
@@ -11,7 +12,7 @@ import pytest
 
 from conftest import load_stage, run_stage
 
-cmp = load_stage("compare.py")
+cmp = load_stage("experiments/compare.py")
 BASE = "S0-T0-O0-C0-W0"
 SPACE_IDS = ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W1"]
 
@@ -112,7 +113,7 @@ def test_an_exact_tie_is_neither_better_nor_worse(tmp_path):
     other = write_inspace_evaldir(tmp_path / "other" / "eval" / "other",
                                   {**{("t0", x): x in (h[0], h[3]) for x in h}, **{("t1", x): x == h[0] for x in h}},
                                   train=(BASE,))
-    run_stage("compare.py", "hs=" + ",".join(map(str, refs)), f"other={other}", "--reference", "hs",
+    run_stage("experiments/compare.py", "hs=" + ",".join(map(str, refs)), f"other={other}", "--reference", "hs",
               "--out", tmp_path / "c")
     cell = json.loads((tmp_path / "c.json").read_text())["rows"][1]["splits"]["inspace"]
     assert (cell["better_tasks"], cell["worse_tasks"]) == (1, 0)
@@ -140,7 +141,7 @@ def test_inspace_split_by_distance_to_each_rows_own_training_set_and_by_family(t
     dirs = {n: write_inspace_evaldir(tmp_path / n / "eval" / n, {(t, x): (t, x) in solved[n] for t in tasks
                                                                  for x in (A, B, C)}, train[n], families)
             for n in solved}
-    run_stage("compare.py", f"hs={dirs['hs0']},{dirs['hs1']}", f"single={dirs['single']}", "--reference", "hs",
+    run_stage("experiments/compare.py", f"hs={dirs['hs0']},{dirs['hs1']}", f"single={dirs['single']}", "--reference", "hs",
               "--out", tmp_path / "c")
     report = json.loads((tmp_path / "c.json").read_text())
     hs, single = report["rows"]
@@ -212,7 +213,7 @@ def test_compare_paired_differences_replicates_and_reference(tmp_path):
     reps = [make_evaldir(tmp_path, f"oa-s{s}", "final", tasks=tasks, train=(BASE, "X-react"), seed=s)
             for s in range(2)]
     out = tmp_path / "cmp"
-    proc = run_stage("compare.py", f"oa={reps[0]},{reps[1]}", ref, "--reference", "base/final",
+    proc = run_stage("experiments/compare.py", f"oa={reps[0]},{reps[1]}", ref, "--reference", "base/final",
                      "--out", out, "--bootstrap", 500, "--seed", 4)
     report = json.loads((out.with_suffix(".json")).read_text())
     assert report["reference"] == "base/final" and [r["name"] for r in report["rows"]] == ["oa", "base/final"]
@@ -238,7 +239,7 @@ def test_compare_paired_differences_replicates_and_reference(tmp_path):
     assert "| policy | Base | Δ vs base/final |" in md and "| base/final | " in md and "reference" in md
     assert "Minimum detectable difference in points, per column" in md and "In-Space 50.0 (6 of 12 tasks)" in md
     assert md in proc.stdout + "\n" and "Common ground: Base 12 tasks x 1 harness(es); In-Space 12 tasks x 2" in md
-    bad = run_stage("compare.py", ref, "--reference", "nope", check=False)
+    bad = run_stage("experiments/compare.py", ref, "--reference", "nope", check=False)
     assert bad.returncode != 0 and "--reference 'nope': no such row" in bad.stderr
 
 @pytest.mark.parametrize("change, message", [
@@ -253,9 +254,9 @@ def test_compare_paired_differences_replicates_and_reference(tmp_path):
 def test_compare_refuses_rows_off_common_ground(tmp_path, change, message):
     ref = make_evaldir(tmp_path, "base", "final")
     other = make_evaldir(tmp_path, "other", "final", **change)
-    proc = run_stage("compare.py", ref, other, check=False)
+    proc = run_stage("experiments/compare.py", ref, other, check=False)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
-    reps = run_stage("compare.py", f"m={ref},{other}", check=False)  # replicates: same set too
+    reps = run_stage("experiments/compare.py", f"m={ref},{other}", check=False)  # replicates: same set too
     assert reps.returncode != 0 and "replicates must share one evaluation set" in reps.stderr
 
 def test_compare_leaves_out_a_split_some_row_lacks(tmp_path):
@@ -263,7 +264,7 @@ def test_compare_leaves_out_a_split_some_row_lacks(tmp_path):
     other = make_evaldir(tmp_path, "other", "final")
     (other / "summary.json").write_text(json.dumps({**json.loads((other / "summary.json").read_text()),
                                                     "splits": {"base": {}, "inspace": {}}}))
-    proc = run_stage("compare.py", ref, other, "--out", tmp_path / "c")
+    proc = run_stage("experiments/compare.py", ref, other, "--out", tmp_path / "c")
     assert "Unseen syntax left out of the table" in proc.stdout
     assert set(json.loads((tmp_path / "c.json").read_text())["common_ground"]["splits"]) == {"base", "inspace"}
 
@@ -275,7 +276,7 @@ def test_compare_framework_columns_and_the_trained_in_mark(tmp_path):
     fw = ("smolagents-native", "pydantic-ai")
     ref = make_evaldir(tmp_path, "hs", "final", tasks=tasks, frameworks=fw)
     bb = make_evaldir(tmp_path, "bb", "final", tasks=tasks, frameworks=fw, train=(BASE, "X-pydantic-ai"), seed=1)
-    proc = run_stage("compare.py", ref, bb, "--out", tmp_path / "c")
+    proc = run_stage("experiments/compare.py", ref, bb, "--out", tmp_path / "c")
     report = json.loads((tmp_path / "c.json").read_text())
     assert list(report["common_ground"]["splits"]) == ["base", "inspace", "smolagents-native", "pydantic-ai",
                                                        "external"]
@@ -303,7 +304,7 @@ def test_compare_identical_rows_and_the_sign_test(tmp_path):
     same = tmp_path / "copy" / "eval" / "final"
     shutil.copytree(ref, same)
     other = make_evaldir(tmp_path, "other", "final", tasks=tasks, seed=3)
-    run_stage("compare.py", ref, same, other, "--out", tmp_path / "c")
+    run_stage("experiments/compare.py", ref, same, other, "--out", tmp_path / "c")
     report = json.loads((tmp_path / "c.json").read_text())
     cell = report["rows"][1]["splits"]["base"]
     assert cell["identical"] is True and cell["diff_ci95"] is None and cell["sign_test_p"] == 1.0
@@ -327,7 +328,7 @@ def test_compare_refuses_a_summary_an_older_06_wrote(tmp_path):
                           ("config.dtype", {**summary, "config": {k: v for k, v in summary["config"].items()
                                                                   if k != "dtype"}})):
         (other / "summary.json").write_text(json.dumps(broken))
-        proc = run_stage("compare.py", ref, other, "--out", tmp_path / "c", check=False)
+        proc = run_stage("experiments/compare.py", ref, other, "--out", tmp_path / "c", check=False)
         assert proc.returncode == 2 and f"{other / 'summary.json'}: field '{field}' is missing" in proc.stderr
         assert not (tmp_path / "c.md").exists() and not (tmp_path / "c.json").exists()
 
@@ -359,7 +360,7 @@ def test_compare_experiment_adds_what_each_method_spent(tmp_path):
     write_jsonl(bb / "iter_000" / "rollouts.jsonl", [episode(t, "X-pydantic-ai", t == "a") for t in "abc"])
     write_jsonl(bb / "iter_000" / "train_log.jsonl", [{"loss": 1.0}])
     rows = [make_evaldir(tmp_path, "exp/oa", "oa"), make_evaldir(tmp_path, "exp/sft", "sft")]
-    proc = run_stage("compare.py", *rows, "--experiment", exp, "--out", exp / "comparison")
+    proc = run_stage("experiments/compare.py", *rows, "--experiment", exp, "--out", exp / "comparison")
     report = json.loads((exp / "comparison.json").read_text())
     assert list(report) == ["reference", "common_ground", "rows", "compute", "settings"]
     assert report["compute"] == {

@@ -1,9 +1,9 @@
-"""bench/family_calibration.py: which training tasks it scores and the per-family table (no model)."""
+"""experiments/bench/family_calibration.py: which training tasks it scores and the per-family table (no model)."""
 import json
 
 from conftest import load_stage
 
-B = load_stage("bench/family_calibration.py")
+B = load_stage("experiments/bench/family_calibration.py")
 
 
 def test_it_takes_the_first_tasks_of_each_family_after_the_demonstrations(tmp_path):

@@ -1,4 +1,4 @@
-"""generation.py: the hf backend's memory contract and the dtype choice (the log-probs themselves are
+"""common/generation.py: the hf backend's memory contract and the dtype choice (the log-probs themselves are
 checked against an independent forward pass in test_04_cli.py)."""
 import argparse
 
@@ -8,7 +8,7 @@ from conftest import load_stage
 import helpers_04 as H
 
 R = load_stage("04_rollout.py")
-G = R.sys.modules["generation"]
+G = R.sys.modules["common.generation"]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""bench/gpu_check.py: the GPU check's CPU mode runs every step through the script's command line and its JSON
+"""experiments/bench/gpu_check.py: the GPU check's CPU mode runs every step through the script's command line and its
+JSON
 holds sane figures; the config it writes for the device is Qwen2.5-0.5B-Instruct's, value for value."""
 import json
 import math
@@ -9,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, load_stage
 
-G = load_stage("bench/gpu_check.py")
+G = load_stage("experiments/bench/gpu_check.py")
 STEPS = ["model", "train", "train_mb8", "bare", "rollout", "pipeline", "pytest_05", "torchrun", "torchrun_fsdp"]
 # Qwen/Qwen2.5-0.5B-Instruct's config.json, written out here independently of the script
 QWEN = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=151936, hidden_size=896,
@@ -54,7 +55,7 @@ def test_a_step_gets_what_is_left_of_the_budget():
 def test_cpu_mode_runs_every_step(tmp_path):
     out = tmp_path / "check.json"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--out", str(out),
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "gpu_check.py"), "--device", "cpu", "--out", str(out),
                            "--work", str(tmp_path / "work")], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-import environment as E
-import generation as G
+from common import environment as E
+from common import generation as G
 import helpers_04 as H
 from conftest import ROOT, load_stage
 
@@ -125,7 +125,7 @@ def test_a_typed_surrogate_through_04s_cli_write_then_read_then_submit(hid, tiny
 
 # ----------------------------------------------------------------------------- smolagents
 def smolagents_bridge():
-    return load_stage("smolagents_harness.py")
+    return load_stage("bridges/smolagents_harness.py")
 
 
 class Scripted:

@@ -1,11 +1,10 @@
-"""intervals.py against independent computations: scipy where installed, else brute force from math.comb."""
+"""common/intervals.py against independent computations: scipy where installed, else brute force from math.comb."""
 import math
 
 import numpy as np
 import pytest
 
-import intervals as I
-
+from common import intervals as I
 try:
     from scipy import stats as scipy_stats
 except ImportError:  # the brute-force checks below still run

@@ -1,5 +1,6 @@
-"""ledger.py and compare.py --ledger: records written from hand-made run folders, tables built from the records
-alone (seeds as replicates, checked against an independent computation), byte-for-byte regeneration, and the
+"""experiments/ledger.py and experiments/compare.py --ledger: records written from hand-made run folders, tables built
+from the records alone (seeds as replicates, checked against an independent computation), byte-for-byte regeneration,
+and the
 refusals: a record or a run of other common ground, named by its field."""
 import json
 import shutil
@@ -9,7 +10,7 @@ import pytest
 from conftest import ROOT, load_stage, run_stage
 from test_compare import BASE, make_evaldir, per_task_values
 
-ledger_mod = load_stage("ledger.py")
+ledger_mod = load_stage("experiments/ledger.py")
 TASKS = [f"t{i}" for i in range(10)]
 GROUND = {"preset": "toy", "budget": {"lr": 0.001, "iterations": 3}, "warm_start": {"sha256": "ab", "probe": []},
           "eval_set": ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2"], "train_tasks": "x", "test_tasks": "y",
@@ -34,7 +35,7 @@ def method_run(root, name, seed, train=(BASE,)):
 
 def write(tmp_path, run, method, seed, ledger, ground=GROUND, check=True):
     (tmp_path / "run-ground.json").write_text(json.dumps(ground))
-    return run_stage("ledger.py", "write", "--run", run, "--label", method, "--method", method, "--seed", seed,
+    return run_stage("experiments/ledger.py", "write", "--run", run, "--label", method, "--method", method, "--seed", seed,
                      "--ground", tmp_path / "run-ground.json", "--ledger", ledger, "--command", "python pipeline.py x",
                      check=check)
 
@@ -75,7 +76,7 @@ def test_tables_from_records_alone_average_seeds_and_regenerate_byte_for_byte(tm
     want = {(m, split): per_task_values(dirs, split) for m, dirs in src.items() for split in ("base", "inspace")}
     shutil.rmtree(tmp_path / "runs")  # the run folders are gone: the records alone make the table
     out = tmp_path / "tables"
-    run_stage("compare.py", "--ledger", ledger, "--out", out / "a", "--bootstrap", 300)
+    run_stage("experiments/compare.py", "--ledger", ledger, "--out", out / "a", "--bootstrap", 300)
     report = json.loads((out / "a-main.json").read_text())
     assert [r["name"] for r in report["rows"]] == ["harness-scaling", "single"]
     hs, single = report["rows"]
@@ -89,11 +90,11 @@ def test_tables_from_records_alone_average_seeds_and_regenerate_byte_for_byte(tm
     assert "## How each record was made" in md
     assert set(report["compute"]) == {"harness-scaling (seed 0)", "harness-scaling (seed 1)", "single (seed 0)"}
     assert not (out / "a-selection.md").exists()  # no random18 record yet: no selection table
-    run_stage("compare.py", "--ledger", ledger, "--out", out / "b", "--bootstrap", 300)
+    run_stage("experiments/compare.py", "--ledger", ledger, "--out", out / "b", "--bootstrap", 300)
     for name in ("main.md", "main.json"):
         assert (out / f"a-{name}").read_bytes() == (out / f"b-{name}").read_bytes()
     # a folder of ledgers: each one's tables under its name
-    run_stage("compare.py", "--ledger", tmp_path, "--out", out / "all", "--bootstrap", 300)
+    run_stage("experiments/compare.py", "--ledger", tmp_path, "--out", out / "all", "--bootstrap", 300)
     assert (out / "all" / "ledger-main.json").read_bytes() == (out / "a-main.json").read_bytes()
 
 
@@ -110,7 +111,7 @@ def test_a_ppo_record_joins_the_main_table_against_grpo_harness_scaling(tmp_path
                                           "optimizer_steps": 1, "approx_kl_max": 0.001, "clip_frac_max": 0.003}]
     want = {m: per_task_values([tmp_path / "runs" / f"{m}-seed{s}" / "eval" / m for s in seeds], "inspace")
             for m, seeds in (("harness-scaling", (0, 1)), ("harness-scaling+ppo", (0,)))}
-    run_stage("compare.py", "--ledger", ledger, "--out", tmp_path / "t", "--bootstrap", 300)
+    run_stage("experiments/compare.py", "--ledger", ledger, "--out", tmp_path / "t", "--bootstrap", 300)
     main = json.loads((tmp_path / "t-main.json").read_text())
     assert [r["name"] for r in main["rows"]] == ["harness-scaling", "single", "harness-scaling+ppo"]
     a, b = want["harness-scaling"], want["harness-scaling+ppo"]
@@ -121,7 +122,7 @@ def test_a_ppo_record_joins_the_main_table_against_grpo_harness_scaling(tmp_path
 
 
 def test_the_summary_scores_every_row_and_tests_each_direction_against_an_independent_count(tmp_path, ledger):
-    """compare.py --ledger also writes PREFIX-summary.md (a cell is a score; each of the paper's directions with
+    """experiments/compare.py --ledger also writes PREFIX-summary.md (a cell is a score; each of the paper's directions with
     its paired sign test, pooled seeds and per seed) and PREFIX-summary.svg: checked against plain python from
     the run folders."""
     import math
@@ -129,7 +130,7 @@ def test_the_summary_scores_every_row_and_tests_each_direction_against_an_indepe
     runs = tmp_path / "runs"
     hs = [runs / f"harness-scaling-seed{s}" / "eval" / "harness-scaling" for s in (0, 1)]
     single = [runs / "single-seed0" / "eval" / "single"]
-    run_stage("compare.py", "--ledger", ledger, "--out", tmp_path / "t", "--bootstrap", 300)
+    run_stage("experiments/compare.py", "--ledger", ledger, "--out", tmp_path / "t", "--bootstrap", 300)
     md = (tmp_path / "t-summary.md").read_text()
     rows = {ln.split(" | ")[0].strip("| "): ln.strip(" |").split(" | ") for ln in md.splitlines()
             if ln.startswith("| ")}
@@ -164,7 +165,7 @@ def test_the_summary_scores_every_row_and_tests_each_direction_against_an_indepe
 
 
 def test_a_direction_verdict_is_a_floor_holds_the_opposite_or_cant_tell():
-    cmp = load_stage("compare.py")
+    cmp = load_stage("experiments/compare.py")
 
     def d(diff, p, identical=False, value=0.3):
         return {"diff_vs_reference": diff, "sign_test_p": p, "identical": identical, "pass@1": value}
@@ -188,7 +189,7 @@ def test_other_common_ground_is_refused_naming_the_field(tmp_path, ledger):
     record = json.loads(rec.read_text())
     record["ground"]["versions"] = {"torch": "3"}
     rec.write_text(json.dumps(record))
-    bad = run_stage("compare.py", "--ledger", ledger, "--out", tmp_path / "t", check=False)
+    bad = run_stage("experiments/compare.py", "--ledger", ledger, "--out", tmp_path / "t", check=False)
     assert bad.returncode == 2 and "single/seed0/record.json" in bad.stderr and "versions.torch" in bad.stderr
     assert not list(tmp_path.glob("t*"))
 
@@ -201,10 +202,10 @@ def test_ground_difference_names_the_first_differing_field():
 
 
 def test_committed_tables_equal_what_the_ledger_regenerates(tmp_path):
-    """README: `python compare.py --ledger results/records --out results/tables` regenerates every committed table."""
+    """README: `python experiments/compare.py --ledger results/records --out results/tables` regenerates every committed table."""
     records = ROOT / "results" / "records"
     assert (records).is_dir() and list(records.glob("*/ground.json")), "no committed ledger under results/records"
-    run_stage("compare.py", "--ledger", records, "--out", tmp_path, timeout=300)
+    run_stage("experiments/compare.py", "--ledger", records, "--out", tmp_path, timeout=300)
     made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.suffix in (".md", ".json", ".svg"))
     committed = sorted(p.relative_to(ROOT / "results" / "tables") for p in (ROOT / "results" / "tables").rglob("*")
                        if p.suffix in (".md", ".json", ".svg"))

@@ -1,4 +1,5 @@
-"""bench/pair_flips.py through its CLI: episode-level differences between two evaluations, counted per split."""
+"""experiments/bench/pair_flips.py through its CLI: episode-level differences between two evaluations, counted per
+split."""
 import json
 import subprocess
 import sys
@@ -19,7 +20,7 @@ def episode(task, success, finish="submitted", turns=2):
 
 
 def run(a, b):
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "pair_flips.py"), str(a), str(b)],
+    return subprocess.run([sys.executable, str(ROOT / "experiments" / "bench" / "pair_flips.py"), str(a), str(b)],
                           capture_output=True, text=True)
 
 

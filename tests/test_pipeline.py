@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import load_stage, run_stage
 
-EPISODE_FIELDS = load_stage("ledger.py").EPISODE_FIELDS
+EPISODE_FIELDS = load_stage("experiments/ledger.py").EPISODE_FIELDS
 
 BASE = "S0-T0-O0-C0-W0"
 MINI = ["--max-new-tokens", 48, "--max-train-tasks", 6, "--sft-tasks", 3, "--sft-epochs", 1, "--tiny-size", "1,32,2", "--iterations", 1,
@@ -320,7 +320,7 @@ def test_experiment_main_from_one_command(tmp_path):
     assert "python 0" not in again.stdout.replace("[pipeline] evaluation set", "")
     assert again.stdout.count("in the ledger already") == len(rows)
     shutil.rmtree(exp / "harness-scaling")  # a run folder gone: its record still makes the table
-    run_stage("compare.py", "--ledger", ledger, "--out", tmp_path / "again")
+    run_stage("experiments/compare.py", "--ledger", ledger, "--out", tmp_path / "again")
     for name in ("main.md", "main.json", "transfer_curve.md", "transfer_curve.json"):
         assert (tmp_path / f"again-{name}").read_bytes() == (exp / f"comparison-{name}").read_bytes(), name
     # another budget into the same ledger: refused before any training, naming the field

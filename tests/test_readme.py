@@ -6,7 +6,8 @@
   the script's source: the string options of its add_argument calls; no import, so no torch);
 - the test command that CI runs (.ci/run) is the README's;
 - the README carries no history ("issue N": what changed is in git);
-- the README's results are the summaries compare.py generates from the records (results/tables/*-summary.md),
+- the README's results are the summaries experiments/compare.py generates from the records
+(results/tables/*-summary.md),
   byte for byte, each with its figure.
 """
 import ast
@@ -189,8 +190,8 @@ def test_the_checks_can_fail(tmp_path):
 
 
 # ---- the README's results: the generated summary, byte for byte ----
-# README.md shows each summary compare.py writes (results/tables/<ledger>-summary.md, regenerated from the records
-# by `python compare.py --ledger results/records --out results/tables`, which tests/test_ledger.py holds) between
+# README.md shows each summary experiments/compare.py writes (results/tables/<ledger>-summary.md, regenerated from the
+# records by `python experiments/compare.py --ledger results/records --out results/tables`, which tests/test_ledger.py holds) between
 # <!-- summary: PATH --> and <!-- end summary -->, with its figure PATH.svg above it.
 BLOCK = re.compile(r"<!-- summary: (\S+) -->\n(.*?)<!-- end summary -->", re.S)
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, load_stage, run_stage
 
-import environment as E
-
+from common import environment as E
 R = load_stage("04_rollout.py")
 P = load_stage("pipeline.py")
 D = load_stage("02_orthogonal_design.py")

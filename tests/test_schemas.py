@@ -1,5 +1,5 @@
-"""schemas.py: the record tables and their one checker. Each table is checked against records made independently of
-it (helpers_04's harness space, 01's realisations, the data files, the records 04 and the smolagents bridge write),
+"""common/schemas.py: the record tables and their one checker. Each table is checked against records made independently
+of it (helpers_04's harness space, 01's realisations, the data files, the records 04 and the smolagents bridge write),
 and each refusal against a message computed here: the first bad field, by name, in table order."""
 import json
 import random
@@ -7,10 +7,9 @@ import random
 import pytest
 from conftest import ROOT, load_stage
 
-import generation as G
+from common import generation as G
 import helpers_04 as H
-import schemas as S
-
+from common import schemas as S
 R = load_stage("04_rollout.py")
 S01 = load_stage("01_harness_space.py")
 
@@ -225,7 +224,7 @@ def test_the_rollout_table_lists_exactly_what_04_writes_and_accepts_it(capsys):
 
 def test_the_rollout_table_accepts_the_smolagents_bridges_records():
     pytest.importorskip("smolagents")
-    import smolagents_harness as B
+    from bridges import smolagents_harness as B
     tasks = H.read_tasks("test_tasks.jsonl")[:2]
     for r in B.run_smolagents_episodes(tasks, "oracle", None, None, 4, 64, 0.0, progress=False):
         r["sampler"] = {"backend": "oracle", "dtype": None}

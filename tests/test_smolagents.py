@@ -1,4 +1,4 @@
-"""smolagents as the out-of-space black box (smolagents_harness.py): the oracle solves every test task inside
+"""smolagents as the out-of-space black box (bridges/smolagents_harness.py): the oracle solves every test task inside
 the real framework, records keep 04's schema, the policy runs token-in/token-out through 04's backend, and
 bad model output is an error observation or a scored failure, never a crash. Offline: no hub, no network."""
 import importlib.resources
@@ -11,13 +11,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import yaml  # noqa: E402  (a dependency of smolagents)
 
-import environment as E  # noqa: E402
-import generation as G  # noqa: E402
+from common import environment as E  # noqa: E402
+from common import generation as G  # noqa: E402
 import helpers_04 as H  # noqa: E402
 from conftest import load_stage  # noqa: E402
 
 R = load_stage("04_rollout.py")
-B = load_stage("smolagents_harness.py")
+B = load_stage("bridges/smolagents_harness.py")
 TEST_TASKS = R.load_tasks(H.ROOT / "data" / "test_tasks.jsonl")
 TASK = next(t for t in TEST_TASKS if t["family"] == "lookup")  # answer_equals; files hold its answer
 META = {"episode_id": "e", "iteration": None, "group_id": "g", "sample_index": 0}

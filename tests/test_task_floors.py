@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-import environment as E
-
+from common import environment as E
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = Path(os.environ.get("TASK_FLOORS_DIR") or ROOT / "data")  # holds train_tasks.jsonl and test_tasks.jsonl
 FLOOR = 0.05  # the most any guess may pass, per family

@@ -1,4 +1,5 @@
-"""transfer_curve.py through its command line on hand-made run folders: each point's pass@1, interval and paired
+"""experiments/transfer_curve.py through its command line on hand-made run folders: each point's pass@1, interval and
+paired
 change since iteration 0 against plain-python computations, the methods' held-out difference, and bad input."""
 import json
 import math
@@ -8,7 +9,7 @@ import pytest
 
 from conftest import load_stage, run_stage
 
-cmp = load_stage("compare.py")
+cmp = load_stage("experiments/compare.py")
 EVAL = ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2"]
 TRAIN = {"hs": ["S0-T1-O2-C0-W1", "S1-T0-O1-C2-W0", "S2-T2-O0-C1-W2"], "single": ["S0-T0-O0-C0-W0"]}
 TASKS = [f"t{i}" for i in range(10)]
@@ -54,7 +55,7 @@ def test_curve_points_against_plain_python(tmp_path):
     hs, single = make_run(tmp_path, "hs"), make_run(tmp_path, "single", p=(0.2, 0.3, 0.3))
     write_jsonl(tmp_path / "eval.jsonl", [{"harness_id": h} for h in EVAL])
     out = tmp_path / "exp" / "transfer_curve"
-    run_stage("transfer_curve.py", f"harness-scaling={hs}", f"single={single}", "--eval-set", tmp_path / "eval.jsonl",
+    run_stage("experiments/transfer_curve.py", f"harness-scaling={hs}", f"single={single}", "--eval-set", tmp_path / "eval.jsonl",
               "--out", out)
     report = json.loads(out.with_suffix(".json").read_text())
     assert list(report["methods"]) == ["harness-scaling", "single"]
@@ -110,7 +111,7 @@ def test_an_exact_tie_between_checkpoints_is_no_change(tmp_path):
         runs.append(run)
     write_jsonl(tmp_path / "eval.jsonl", [{"harness_id": h} for h in EVAL])
     out = tmp_path / "tc"
-    run_stage("transfer_curve.py", "hs=" + ",".join(map(str, runs)), "--eval-set", tmp_path / "eval.jsonl",
+    run_stage("experiments/transfer_curve.py", "hs=" + ",".join(map(str, runs)), "--eval-set", tmp_path / "eval.jsonl",
               "--out", out)
     change = json.loads(out.with_suffix(".json").read_text())["methods"]["hs"]["curve"][1]["trained"]["since_start"]
     assert (change["better_tasks"], change["worse_tasks"]) == (1, 0) and change["sign_test_p"] == 1.0
@@ -148,7 +149,7 @@ def test_held_out_split_by_distance_to_the_methods_own_training_set_and_by_famil
         runs[name] = run
     write_jsonl(tmp_path / "eval.jsonl", [{"harness_id": h} for h in (A, B)])
     out = tmp_path / "tc"
-    run_stage("transfer_curve.py", f"single={runs['single']}", f"hs={runs['hs']}", "--eval-set",
+    run_stage("experiments/transfer_curve.py", f"single={runs['single']}", f"hs={runs['hs']}", "--eval-set",
               tmp_path / "eval.jsonl", "--out", out)
     report = json.loads(out.with_suffix(".json").read_text())
     single, hs = report["methods"]["single"], report["methods"]["hs"]
@@ -185,11 +186,11 @@ def test_held_out_split_by_distance_to_the_methods_own_training_set_and_by_famil
 
 
 def test_the_distance_helpers_are_shared_with_compare():
-    """One copy: compare.py splits its In-Space column with transfer_curve.py's helpers."""
-    tc = load_stage("transfer_curve.py")
+    """One copy: experiments/compare.py splits its In-Space column with experiments/transfer_curve.py's helpers."""
+    tc = load_stage("experiments/transfer_curve.py")
     for helper in ("hamming", "distance_to", "pairs_by_distance", "pairs_by_family", "families_of", "cell_of"):
-        assert getattr(cmp, helper).__module__ == "transfer_curve", helper  # imported, not a second definition
-    assert cmp.levels_of.__module__ == tc.levels_of.__module__ == "schemas"  # a harness id's parts: one copy
+        assert getattr(cmp, helper).__module__ == "experiments.transfer_curve", helper  # imported, not a second definition
+    assert cmp.levels_of.__module__ == tc.levels_of.__module__ == "common.schemas"  # a harness id's parts: one copy
     assert tc.distance_to("S1-T1-O0-C0-W0", ["X-shell", "S0-T0-O0-C0-W0", "S1-T0-O0-C0-W0"]) == 1
     assert tc.distance_to("X-pydantic-ai", ["S0-T0-O0-C0-W0"]) is None  # out of the space: no distance
     assert tc.distance_to("S0-T0-O0-C0-W1", ["X-shell"]) is None
@@ -215,7 +216,7 @@ def test_bad_input_names_file_line_field_and_writes_nothing(tmp_path, break_it, 
     write_jsonl(tmp_path / "eval.jsonl", [{"harness_id": h} for h in EVAL])
     break_it(hs)
     out = tmp_path / "exp" / "transfer_curve"
-    proc = run_stage("transfer_curve.py", f"harness-scaling={hs}", "--eval-set", tmp_path / "eval.jsonl",
+    proc = run_stage("experiments/transfer_curve.py", f"harness-scaling={hs}", "--eval-set", tmp_path / "eval.jsonl",
                      "--out", out, check=False)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not list((tmp_path / "exp").glob("transfer_curve*"))

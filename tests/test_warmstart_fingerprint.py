@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-import generation as G
+from common import generation as G
 import numpy as np
 import pytest
 import torch

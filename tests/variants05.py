@@ -19,7 +19,7 @@ def no_skip_zero_adv(t05):
 
 
 def no_merge_turns(t05):
-    """One sequence per model turn, never merged (bench/bench_train.py measures what merging saves)."""
+    """One sequence per model turn, never merged (experiments/bench/bench_train.py measures what merging saves)."""
     t05.build_sequences = functools.partial(t05.build_sequences, merge=False)
 
 
