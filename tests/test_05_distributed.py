@@ -201,8 +201,7 @@ def test_fsdp_needs_torchrun(tiny05, tmp_path, capsys):
 def test_one_rank_under_torchrun_is_the_one_process_update_exactly(update, mode):
     """torchrun --nproc_per_node 1 (a user with one GPU; experiments/bench/gpu_check.py's torchrun step) runs
     common/distributed.py over a group of one, with and without FSDP2: every sum is over one rank, so the weights are
-    the one
-    process's, bit for bit."""
+    the one process's, bit for bit."""
     one, rank1 = flat(update("grpo", "one")), flat(update("grpo", mode))
     if torch.cuda.is_available():  # "one" ran on the GPU here, the ranks on the CPU: the 2-rank tolerance
         assert (rank1 - one).norm() <= TOL * (one - update.theta0["grpo"]).norm()

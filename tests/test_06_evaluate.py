@@ -271,8 +271,7 @@ def test_framework_columns_hold_their_tasks_and_harness(tmp_path):
 def test_trained_in_marks_the_framework_column(tmp_path):
     """--trained-in X-pydantic-ai (a black-box baseline trained inside pydantic-ai): its pydantic-ai cell is marked
     trained in, in the summary, results.md and experiments/compare.py's table; the other columns are transfer figures.
-    An id
-    06 does not evaluate, or an in-space configuration, is refused."""
+    An id 06 does not evaluate, or an in-space configuration, is refused."""
     run = make_run(tmp_path)
     score(run, "--trained-in", "X-pydantic-ai")
     summary = json.loads((run / "eval_summary.json").read_text())["mine"]

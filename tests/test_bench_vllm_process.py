@@ -1,7 +1,6 @@
 """experiments/bench/bench_vllm_process.py without an engine: the trials alternate the two settings, each in a process
 of its own whose environment asks vLLM for its processes or not, the trial's line is found among vLLM's log lines, and
-the
-report's medians and ratios equal numbers computed here."""
+the report's medians and ratios equal numbers computed here."""
 import json
 import sys
 import types

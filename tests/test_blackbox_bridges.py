@@ -1,8 +1,7 @@
 """The two black-box frameworks with native tool calls (bridges/smolagents_native_harness.py: smolagents'
 ToolCallingAgent, bridges/pydantic_ai_harness.py: pydantic-ai's Agent) and common/generation.py's function calling: the
 oracle solves every test task inside each, records keep 04's schema and are token-in/token-out, and hostile replies end
-as parse or tool
-errors, never a crash. Offline."""
+as parse or tool errors, never a crash. Offline."""
 import importlib.util
 import json
 import os

@@ -1,6 +1,5 @@
 """experiments/compare.py: the paired bootstrap and the sign test against independent computations, and the table across
-runs
-(common ground, replicates, reference row) on hand-made RUN/eval/LABEL folders."""
+runs (common ground, replicates, reference row) on hand-made RUN/eval/LABEL folders."""
 import itertools
 import json
 import math

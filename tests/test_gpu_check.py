@@ -1,6 +1,5 @@
 """experiments/bench/gpu_check.py: the GPU check's CPU mode runs every step through the script's command line and its
-JSON
-holds sane figures; the config it writes for the device is Qwen2.5-0.5B-Instruct's, value for value."""
+JSON holds sane figures; the config it writes for the device is Qwen2.5-0.5B-Instruct's, value for value."""
 import json
 import math
 import os

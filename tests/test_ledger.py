@@ -1,7 +1,6 @@
 """experiments/ledger.py and experiments/compare.py --ledger: records written from hand-made run folders, tables built
 from the records alone (seeds as replicates, checked against an independent computation), byte-for-byte regeneration,
-and the
-refusals: a record or a run of other common ground, named by its field."""
+and the refusals: a record or a run of other common ground, named by its field."""
 import json
 import shutil
 
@@ -241,3 +240,35 @@ def test_a_recreated_warm_start_joins_only_within_the_tolerance(tmp_path, capsys
     with pytest.raises(SystemExit):
         ledger_mod.check_ground(ledger, other_probe, None, tmp_path / "a.json")
     assert "field warm_start.probe" in capsys.readouterr().err
+
+
+def test_the_ground_command_checks_a_run_against_the_ledger_through_its_command_line(tmp_path):
+    """`experiments/ledger.py ground` (what pipeline.py runs before any training): a new ledger takes the proposed
+    ground with the installed package versions added, and its evaluation set and sketch; a run of the same ground
+    joins (--out holds the ground its records carry, no distance file); a run of other ground exits 2 naming the
+    field and writes no --out."""
+    proposed = {k: v for k, v in GROUND.items() if k != "versions"}
+    (tmp_path / "proposed.json").write_text(json.dumps(proposed))
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"harness_id": h, "levels": {}}) + "\n"
+                                                 for h in GROUND["eval_set"]))
+    (tmp_path / "sketch.json").write_text(json.dumps({"sha256": "ab", "sketch": {}}))
+    ledger, out, far = tmp_path / "ledger", tmp_path / "run" / "ground.json", tmp_path / "run" / "distance.json"
+
+    def ground(proposed_file, check=True):
+        return run_stage("experiments/ledger.py", "ground", "--ledger", ledger, "--proposed", proposed_file,
+                         "--eval-set", tmp_path / "eval.jsonl", "--sketch", tmp_path / "sketch.json", "--out", out,
+                         "--distance-out", far, check=check)
+
+    ground(tmp_path / "proposed.json")
+    carried = json.loads(out.read_text())
+    assert carried == dict(proposed, versions=ledger_mod.versions()) and carried["versions"]["torch"]
+    assert json.loads((ledger / "ground.json").read_text()) == carried
+    assert [json.loads(line)["harness_id"] for line in (ledger / "eval_harnesses.jsonl").read_text().splitlines()] \
+        == GROUND["eval_set"]
+    out.unlink()
+    ground(tmp_path / "proposed.json")  # the same ground: joins
+    assert json.loads(out.read_text()) == carried and not far.exists()
+    out.unlink()
+    (tmp_path / "other.json").write_text(json.dumps(dict(proposed, budget={"lr": 0.002, "iterations": 3})))
+    bad = ground(tmp_path / "other.json", check=False)
+    assert bad.returncode == 2 and "field budget.lr" in bad.stderr and not out.exists()
