@@ -117,13 +117,13 @@ def test_no_safetensors_is_one_clear_line(tmp_path):
     (tmp_path / "bad" / "model.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
     (tmp_path / "empty").mkdir()
     for folder in (tmp_path / "bad", tmp_path / "empty"):
-        code = f"import generation; generation.weights_fingerprint({str(folder)!r})"
+        code = f"from common import generation; generation.weights_fingerprint({str(folder)!r})"
         p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and str(folder) in p.stderr, p.stderr
 
 
 def test_fingerprint_needs_no_torch(tiny05):
-    code = (f"import sys, generation; fp = generation.weights_fingerprint({str(tiny05)!r}); "
+    code = (f"import sys; from common import generation; fp = generation.weights_fingerprint({str(tiny05)!r}); "
             "assert 'torch' not in sys.modules, 'torch imported'; print(fp['sha256'])")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
