@@ -581,8 +581,8 @@ def update(u, opt, epochs, trained, info, warnings):
 
 # ---------------------------------------------------------------------------------- input checking
 # Bad input stops with one line on stderr naming the file, line and field (or the flag), exit 2, nothing written:
-# the flags and every rollout record (common/schemas.py) before any weight is loaded; then two guards: check_head once the
-# model is loaded (common/generation.py), check_finite before anything is saved.
+# the flags and every rollout record (common/schemas.py) before any weight is loaded; then two guards: check_head
+# once the model is loaded (common/generation.py), check_finite before anything is saved.
 def check_flags(args):
     """The flags' values, before anything is read."""
     for k in ("epochs", "micro_batch_size", "minibatches", "minibatch_size", "micro_batch_tokens"):
@@ -739,7 +739,8 @@ def run_stage(args):
         dist.init(args.fsdp)
     policy, rollouts, out, ref, episodes, warnings = check_inputs(args)
     # ---- seeding: python, numpy, torch (CPU + CUDA); the minibatch order has its own generator. CPU, fp32: the same
-    # bits run after run, with 1 or 2 threads; AVX2 vs AVX512 kernels round otherwise (experiments/bench/warmstart_repro.py)
+    # bits run after run, with 1 or 2 threads; AVX2 vs AVX512 kernels round otherwise
+    # (experiments/bench/warmstart_repro.py)
     seed_everything(args.seed)
     shuffle_gen = torch.Generator().manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -67,7 +67,8 @@ BASE = "S0-T0-O0-C0-W0"
 BLACKBOX, BLACKBOX_ID = "pydantic-ai", "X-pydantic-ai"
 
 PRESETS = {
-    # CPU, no network: the tiny locally built model. Figures: docs/experiments.md; the toy run is the smoke test (its RL does not learn).
+    # CPU, no network: the tiny locally built model. Figures: docs/experiments.md; the toy run is the smoke test
+    # (its RL does not learn).
     # max_new_tokens: each preset's budget holds the oracle's longest reply in its tokenizer + 17 (toy 88 tokens,
     # SmolLM2 74, any byte-level BPE <= 159 bytes; tests/test_reply_budget.py)
     # tiny max_len: the toy model's positions; 2,048 hold pydantic-ai's first prompt (~1,300 toy tokens: tools in the

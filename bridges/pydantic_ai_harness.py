@@ -60,7 +60,7 @@ def make_tools(ws, retries):
     def call(tool, **args):
         try:
             return workspace_call(ws, tool, **args)
-        except Exception as e:  # environment.ToolError (or any other): pydantic-ai shows it to the model, the run goes on
+        except Exception as e:  # environment.ToolError or any other: pydantic-ai shows it to the model, goes on
             raise ModelRetry(f"{type(e).__name__}: {e}")
 
     async def list_files() -> str:
