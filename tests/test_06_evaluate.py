@@ -472,7 +472,9 @@ def test_a_sigterm_to_the_pipeline_stops_06_and_the_04_it_runs(tmp_path):
     until it is told to stop (with subprocess.run, 06 would SIGKILL 04 on its way out and orphan the engine)."""
     code = tmp_path / "code"
     code.mkdir()
-    for name in ("06_evaluate.py", "common/eval_rollouts.py", "common/plumbing.py", "common/intervals.py", "common/schemas.py", "common/environment.py"):
+    (code / "common").mkdir()
+    for name in ("06_evaluate.py", "common/__init__.py", "common/eval_rollouts.py", "common/plumbing.py",
+                 "common/intervals.py", "common/schemas.py", "common/environment.py"):
         shutil.copy(ROOT / name, code / name)
     (code / "data").symlink_to(ROOT / "data")
     (code / "04_rollout.py").write_text(STAND_IN_04)
