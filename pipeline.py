@@ -634,8 +634,8 @@ def experiment(cfg, args, vllm_flags):
     # the transfer curve (harness-scaling and single): held-out vs trained harnesses along training, drawn as soon
     # as both methods are trained (before the black-box baselines)
     curve_methods = [m for m in now if m in CURVE_METHODS] if cfg["curve_every"] and cfg["iterations"] else []
-    curve_tasks = exp / "curve_tasks.jsonl"  # the first curve_tasks test tasks
-    if curve_methods and not curve_tasks.exists():
+    curve_tasks = exp / "curve_tasks.jsonl"  # the first curve_tasks test tasks (--curve-tasks may change per call)
+    if curve_methods and (not curve_tasks.exists() or len(rows_of(curve_tasks)) != cfg["curve_tasks"]):
         write_rows(curve_tasks, rows_of(args.test_tasks)[:cfg["curve_tasks"]])
     for m in now:
         name = m if cfg["algo"] == PRESETS[args.preset]["algo"] else f"{m}+{cfg['algo']}"  # the record's method

@@ -491,14 +491,20 @@ def ledger_tables(args):
     if not ledgers:
         fail(f"{root}: no ground.json in it or in its subfolders (not a ledger: experiments/ledger.py, "
              "pipeline.py --ledger)")
-    for ledger in ledgers:
-        tables_of(ledger, out if ledger == root else out / ledger.name, args)
+    read = []
+    for ledger in ledgers:  # every ledger's records and curves are checked before any table is written
+        methods, ground = read_records(ledger)
+        curves = [r for m in CURVE_ROWS for r in methods.get(m, []) if (r / "curve").is_dir()]
+        check_curves(curves)
+        read.append((ledger, methods, ground, curves))
+    for ledger, methods, ground, curves in read:
+        tables_of(ledger, methods, ground, curves, out if ledger == root else out / ledger.name, args)
 
 
-def tables_of(ledger, prefix, args):
-    """Every table of TABLES whose rows have records, from the records alone: a method's seeds are one row's
-    replicates; then the transfer curve of CURVE_ROWS. Paths in the outputs are relative to the ledger."""
-    methods, ground = read_records(ledger)
+def tables_of(ledger, methods, ground, curves, prefix, args):
+    """Every table of TABLES whose rows have records (read_records: {method: [record folder]}), from the records
+    alone: a method's seeds are one row's replicates; then the transfer curve of the records in `curves`. Paths in
+    the outputs are relative to the ledger."""
     with contextlib.chdir(ledger):
         for name, (reference, wanted) in TABLES.items():
             have = [m for m in wanted if m in methods]
@@ -514,13 +520,29 @@ def tables_of(ledger, prefix, args):
             write_outputs(f"{prefix}-{name}", report, md + compute_markdown(report["compute"])
                           + made_markdown(report["made"]))
         # the transfer curve: a line per method and seed (the paper's claim should hold in every seed's line)
-        lines = [f"{m} {r.name}={r.relative_to(ledger)}" for m in CURVE_ROWS for r in methods.get(m, [])
-                 if (r / "curve").is_dir()]
+        lines = [f"{r.parent.name} {r.name}={r.relative_to(ledger)}" for r in curves]
         if lines:
             transfer_curve(argparse.Namespace(items=lines, eval_set="eval_harnesses.jsonl",
                                               out=f"{prefix}-transfer_curve"))
         if methods:
             summary_of(ledger, prefix, methods, args)
+
+
+def check_curves(records):
+    """The transfer curve's lines are drawn and paired on the same checkpoints and tasks: every record's curve/ must
+    hold the same iter-NNN files on the same test tasks (its run's --curve-every and --curve-tasks, which are not
+    common ground: ledger.CURVE_KEYS). Exit 2 naming both records otherwise."""
+    first = None
+    for r in records:
+        points = sorted(p.name for p in (r / "curve").glob("iter-*.jsonl"))
+        tasks = sorted({e["task_id"] for p in (r / "curve").glob("iter-*.jsonl")
+                        for _, e in read_jsonl(p, required=("task_id",))})
+        if first is None:
+            first = (r, points, tasks)
+        elif (points, tasks) != first[1:]:
+            fail(f"{r / 'curve'}: its checkpoints ({', '.join(points)}) or tasks ({len(tasks)}) differ from "
+                 f"{first[0] / 'curve'}'s ({', '.join(first[1])}; {len(first[2])} tasks): one ledger's curves "
+                 "share --curve-every and --curve-tasks")
 
 
 # ----------------------------------------------------------------------------- the answer first

@@ -23,7 +23,9 @@ The record folder mirrors a run folder where the readers look (experiments/compa
 experiments/transfer_curve.py reads the record as a RUN), so one reader serves both. No token ids, no transcripts, no
 absolute paths: a record is ~100-300 KB. The common ground (docs/experiments.md#the-ledger): the preset and model,
 the budget flags, the warm start's fingerprint, the evaluation set, the task files and the package versions that
-make episodes. Records that differ in any of them never share a table; the error names the field.
+make episodes. Records that differ in any of them never share a table; the error names the field. The transfer
+curve's settings (CURVE_KEYS) change no evaluation episode: records may differ in them, and the curve's lines must
+then agree among themselves (experiments/compare.py).
 """
 import argparse
 import datetime
@@ -118,6 +120,16 @@ def versions():
     return out
 
 
+# budget keys that change no evaluation episode, only which checkpoints the transfer curve scores and on how many
+# test tasks: records of one ledger may differ in them (the curve's own lines must agree: compare.py check_curves)
+CURVE_KEYS = ("curve_every", "curve_tasks")
+
+
+def evaluation_ground(ground):
+    """A ground less CURVE_KEYS: what two records must share to sit in one table."""
+    return {**ground, "budget": {k: v for k, v in ground.get("budget", {}).items() if k not in CURVE_KEYS}}
+
+
 def ground_difference(a, b, where=""):
     """The first field (dotted path) where two grounds differ, as 'FIELD: A vs B'; None when equal."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -145,7 +157,7 @@ def check_ground(ledger, ground, eval_ids=None, sketch=None):
             write_atomic(ledger / "warm_start.sketch.json", Path(sketch).read_text())
         return ground, None
     theirs = read_json(path)
-    msg = ground_difference(theirs, ground)
+    msg = ground_difference(evaluation_ground(theirs), evaluation_ground(ground))
     if msg and msg.startswith("warm_start.sha256:") and sketch and (ledger / "warm_start.sketch.json").is_file():
         from common.generation import fingerprint_distance
         d = fingerprint_distance(read_json(ledger / "warm_start.sketch.json"), read_json(sketch))
@@ -229,7 +241,7 @@ def read_records(ledger):
         for field in ("method", "seed", "ground", "compute"):
             if field not in record:
                 fail(f"{rec}: field '{field}' is missing (not a record experiments/ledger.py wrote)")
-        msg = ground_difference(ground, record["ground"])
+        msg = ground_difference(evaluation_ground(ground), evaluation_ground(record["ground"]))
         if msg:
             fail(f"{rec}: its common ground differs from {ledger / 'ground.json'}, field {msg}")
         methods.setdefault(record["method"], []).append(rec.parent)

@@ -272,3 +272,32 @@ def test_the_ground_command_checks_a_run_against_the_ledger_through_its_command_
     (tmp_path / "other.json").write_text(json.dumps(dict(proposed, budget={"lr": 0.002, "iterations": 3})))
     bad = ground(tmp_path / "other.json", check=False)
     assert bad.returncode == 2 and "field budget.lr" in bad.stderr and not out.exists()
+
+
+def test_the_curve_settings_are_not_common_ground_but_one_ledgers_curves_must_agree(tmp_path, ledger):
+    """--curve-every and --curve-tasks change no evaluation episode (ledger.CURVE_KEYS): a run that differs from the
+    ledger in them alone joins it, one that also differs in the budget is refused naming that field. The curves'
+    lines are paired on checkpoints and tasks, so compare refuses records whose curves differ in either, before it
+    writes any table."""
+    budget = dict(GROUND["budget"], curve_every=8, curve_tasks=16)
+    runs = {}
+    for seed, points, tasks in ((5, (0, 4), ("t0", "t1")), (6, (0, 8), ("t0", "t1")), (7, (0, 4), ("t0",))):
+        run = runs[seed] = method_run(tmp_path / "runs", "harness-scaling", seed)
+        (run / "curve").mkdir()
+        for t in points:
+            (run / "curve" / f"iter-{t:03d}.jsonl").write_text("".join(
+                json.dumps({"task_id": task, "harness_id": BASE, "success": True}) + "\n" for task in tasks))
+    write(tmp_path, runs[5], "harness-scaling", 5, ledger, ground=dict(GROUND, budget=budget))
+    assert json.loads((ledger / "harness-scaling" / "seed5" / "record.json").read_text())["ground"]["budget"] == budget
+    bad = write(tmp_path, runs[6], "harness-scaling", 6, ledger, check=False,
+                ground=dict(GROUND, budget=dict(budget, lr=0.002)))
+    assert bad.returncode == 2 and "field budget.lr: 0.001 vs 0.002" in bad.stderr
+    cmp = load_stage("experiments/compare.py")
+    for seed in (6, 7):  # other checkpoints; other tasks
+        write(tmp_path, runs[seed], "harness-scaling", seed, ledger)
+        out = tmp_path / f"t{seed}"
+        bad = run_stage("experiments/compare.py", "--ledger", ledger, "--out", out, check=False)
+        assert bad.returncode == 2 and "harness-scaling/seed5/curve" in bad.stderr, bad.stderr
+        assert f"harness-scaling/seed{seed}/curve" in bad.stderr and not list(tmp_path.glob(f"t{seed}*"))
+        shutil.rmtree(ledger / "harness-scaling" / f"seed{seed}")
+    cmp.check_curves([ledger / "harness-scaling" / "seed5", ledger / "harness-scaling" / "seed5"])  # agree: passes
