@@ -509,8 +509,10 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
             for e, p in zip(live, prompts):
                 if len(p) > positions - max_new_tokens:
                     e.finish("context_limit")
-            fits = [not e.done for e in live]
-            live, contexts, prompts = ([x for x, ok in zip(xs, fits) if ok] for xs in (live, contexts, prompts))
+            keep = [i for i, e in enumerate(live) if not e.done]
+            live = [live[i] for i in keep]
+            contexts = [contexts[i] for i in keep]
+            prompts = [prompts[i] for i in keep]
         if backend is None:  # oracle
             texts = [oracle_reply(e.task, e.turns, e.T, e.W, render_call) for e in live]
             outs = [scripted_reply(t, tok)[1:] if tok is not None else None for t in texts]  # (ids + stop, None)

@@ -113,14 +113,19 @@ def behaviour(episodes):
     checks = sum(e["workflow_checks"] for e in checked)
     # recovery = #(error turns t before the last turn whose turn t+1 made a valid call) / #(error turns before the last)
     has_turns = n > 0 and all("error_turns" in e and "valid_call_turns" in e for e in episodes)
-    inner = [(t, e) for e in episodes if has_turns for t in e["error_turns"] if t < e["turns"]]
-    recovered = sum(t + 1 in e["valid_call_turns"] for t, e in inner)
+    inner = 0  # error turns before the last turn
+    recovered = 0  # ... whose next turn made a valid call
+    for e in episodes:
+        for t in e["error_turns"] if has_turns else []:
+            if t < e["turns"]:  # an error turn with a turn after it
+                inner += 1
+                recovered += t + 1 in e["valid_call_turns"]
     return {
         "episodes": n,
         "parse_error_rate": sum(e["parse_errors"] for e in episodes) / max(turns, 1),  # per model turn
         "episodes_with_error": len(had_error) / max(n, 1),
-        "recovery_rate": recovered / len(inner) if inner else None,
-        "recoverable_errors": len(inner) if has_turns else None,  # error turns before the last turn
+        "recovery_rate": recovered / inner if inner else None,
+        "recoverable_errors": inner if has_turns else None,  # error turns before the last turn
         "workflow_compliance": 1 - sum(e["workflow_violations"] for e in checked) / checks if checks else None,
         "workflow_checks": checks if has_checks else None,
         "mean_turns": turns / max(n, 1),
@@ -155,8 +160,13 @@ def per_component(episodes):
     for (_, h), v in pair_means([e for e in episodes if levels_of(e["harness_id"]) is not None]).items():
         for c, level in levels_of(h).items():
             table[c][level].append(v)
-    return {c: {f"{c}{lv}": {"pass@1": sum(v) / len(v), "k": sum(v), "n": len(v), "ci95": wilson(sum(v), len(v))}
-                for lv, v in sorted(table[c].items())} for c in COMPONENTS}
+    out = {}
+    for c in COMPONENTS:
+        out[c] = {}
+        for level, v in sorted(table[c].items()):
+            k, n = sum(v), len(v)
+            out[c][f"{c}{level}"] = {"pass@1": k / n, "k": k, "n": n, "ci95": wilson(k, n)}
+    return out
 
 
 def training_curve(run):
@@ -389,7 +399,9 @@ def evaluate(args):
     task_ids = [t["task_id"] for _, t in read_jsonl(args.tasks, required=("task_id",))][:args.max_tasks]
     counts = framework_tasks(args)  # a framework column runs on the first N tasks (None: all)
     # the (task, harness) pairs each split evaluates
-    want = {s: {(t, h) for t in task_ids[:counts.get(s)] for h in hs} for s, hs in ids.items()}
+    want = {}
+    for s, harness_ids in ids.items():
+        want[s] = {(t, h) for t in task_ids[:counts.get(s)] for h in harness_ids}
     splits = [s for s in SPLITS if counts.get(s) != 0 and (s != "external" or ids["external"])]
 
     if args.policy:
