@@ -273,9 +273,14 @@ def parse_python(T, text):
 def parse_shell(T, text):
     if text.count("```") % 2:
         return [("error", "unclosed ``` block")]
-    words, items = {spec["name"]: tool for tool, spec in T["tools"].items()}, []
-    lines = [ln.strip() for block in re.findall(r"```[A-Za-z]*\n?(.*?)```", text, re.S) for ln in block.splitlines()]
-    for line in [ln for ln in lines if ln and not ln.startswith("#")]:
+    words = {spec["name"]: tool for tool, spec in T["tools"].items()}  # the word this harness gives each tool
+    lines = []  # the command lines of every ``` block, comments and blank lines left out
+    for block in re.findall(r"```[A-Za-z]*\n?(.*?)```", text, re.S):
+        for line in block.splitlines():
+            if line.strip() and not line.strip().startswith("#"):
+                lines.append(line.strip())
+    items = []
+    for line in lines:
         word, _, rest = line.partition(" ")
         tool, rest = words.get(word), rest.strip()
         names = T["tools"][tool]["args"] if tool else {}
@@ -582,9 +587,11 @@ def train_jobs(args, tasks_by_id, tasks_path):
     if not known:
         fail(f"{run / 'train_harnesses.jsonl'}: harness file not found (run stages 01-02 first)")
     assignment = load_assignment(run / "assignment.jsonl", tasks_by_id, known, tasks_path)
-    return [(tasks_by_id[tid], known[hid], episode_meta(tid, hid, s, t, visit))
-            for tid, hid, visit in batch_harnesses(assignment, t, args.tasks_per_iteration, args.order_seed)
-            for s in range(args.group_size)]
+    jobs = []  # a group: --group-size samples of one (task, harness)
+    for tid, hid, visit in batch_harnesses(assignment, t, args.tasks_per_iteration, args.order_seed):
+        for s in range(args.group_size):
+            jobs.append((tasks_by_id[tid], known[hid], episode_meta(tid, hid, s, t, visit)))
+    return jobs
 
 
 def eval_jobs(args, tasks, spec):
@@ -593,8 +600,12 @@ def eval_jobs(args, tasks, spec):
     harnesses = select_harnesses(args.run, spec, external, args.seed)
     if not harnesses:
         fail(f"--harnesses {spec}: no harness selected")
-    return [(task, h, episode_meta(task["task_id"], h["harness_id"], s)) for h in harnesses for task in tasks
-            for s in range(args.samples)]
+    jobs = []
+    for h in harnesses:
+        for task in tasks:
+            for s in range(args.samples):
+                jobs.append((task, h, episode_meta(task["task_id"], h["harness_id"], s)))
+    return jobs
 
 
 def run_blackbox(args, frameworks, tasks, policy, backend, tok, positions):
