@@ -276,9 +276,9 @@ def parse_shell(T, text):
     words = {spec["name"]: tool for tool, spec in T["tools"].items()}  # the word this harness gives each tool
     lines = []  # the command lines of every ``` block, comments and blank lines left out
     for block in re.findall(r"```[A-Za-z]*\n?(.*?)```", text, re.S):
-        for line in block.splitlines():
-            if line.strip() and not line.strip().startswith("#"):
-                lines.append(line.strip())
+        for line in map(str.strip, block.splitlines()):
+            if line and not line.startswith("#"):
+                lines.append(line)
     items = []
     for line in lines:
         word, _, rest = line.partition(" ")

@@ -115,8 +115,8 @@ def behaviour(episodes):
     has_turns = n > 0 and all("error_turns" in e and "valid_call_turns" in e for e in episodes)
     inner = 0  # error turns before the last turn
     recovered = 0  # ... whose next turn made a valid call
-    for e in episodes:
-        for t in e["error_turns"] if has_turns else []:
+    for e in episodes if has_turns else []:
+        for t in e["error_turns"]:
             if t < e["turns"]:  # an error turn with a turn after it
                 inner += 1
                 recovered += t + 1 in e["valid_call_turns"]
@@ -331,7 +331,10 @@ def results_markdown(run, summaries):
                        f"| {pct(b.get('workflow_compliance'))}{checks} "
                        f"| {b['mean_turns']:.2f} |")
         comp = s["per_component"]
-        width = 1 + max([int(k[1:]) for v in comp.values() for k in v] + [0])
+        width = 1  # the columns: levels 0 .. the highest any component has
+        for levels in comp.values():
+            for name in levels:  # "S2": component S, level 2
+                width = max(width, int(name[1:]) + 1)
         out += ["", "pass@1 by realisation over the held-out in-space pairs: successes/pairs, % and a Wilson 95% "
                 "interval (pairs are treated as independent here, though a task's pairs are not):", "",
                 "| component | " + " | ".join(f"level {i}" for i in range(width)) + " |",
