@@ -525,8 +525,12 @@ def run_episodes(jobs, policy, backend=None, tok=None, max_turns=6, max_new_toke
             # an episode's sampling randomness is keyed by its episode_id alone (common/generation.py: episode_seed), so
             # it draws the same tokens in one process or in any shard (--shard I/N); unnamed episodes: batch RNG
             keys = [e.meta.get("episode_id") for e in live]
-            outs = ((backend.generate(prompts, turn, keys=keys) if all(keys) else backend.generate(prompts, turn))
-                    if live else [])
+            if not live:
+                outs = []
+            elif all(keys):
+                outs = backend.generate(prompts, turn, keys=keys)
+            else:
+                outs = backend.generate(prompts, turn)
             texts = [tok.decode(ids, skip_special_tokens=True) for ids, _ in outs]
         for e, c, p, out, text in zip(live, contexts, prompts, outs, texts):
             if out is not None:

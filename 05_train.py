@@ -613,9 +613,12 @@ def resolve_paths(args):
     policy = Path(args.policy) if args.policy else iteration_policy(run, t)
     rollouts = Path(args.rollouts) if args.rollouts else run / f"iter_{t:03d}" / "rollouts.jsonl"
     out = Path(args.out) if args.out else run / f"iter_{t:03d}" / "policy"
-    ref, why = ((Path(args.ref_policy), "--ref-policy") if args.ref_policy else
-                (run / "init_policy", "the run's initial policy") if t is not None and (run / "init_policy").exists()
-                else (policy, "the loaded policy itself: no --ref-policy and no --iteration"))
+    if args.ref_policy:
+        ref, why = Path(args.ref_policy), "--ref-policy"
+    elif t is not None and (run / "init_policy").exists():
+        ref, why = run / "init_policy", "the run's initial policy"
+    else:
+        ref, why = policy, "the loaded policy itself: no --ref-policy and no --iteration"
     return policy, rollouts, out, ref, why
 
 
