@@ -702,9 +702,11 @@ def make_optimizer(args, model, vhead, policy, info):
         param_groups.append(dict(params=list(vhead.parameters()), lr=VF_LR_FACTOR * args.lr))
     opt = torch.optim.AdamW(param_groups, lr=args.lr, weight_decay=args.weight_decay)
     shapes = [[list(p.shape) for p in g["params"]] for g in param_groups]
-    info["optimizer_state"] = ("fresh AdamW state (--no-optimizer-state)" if args.no_optimizer_state else
-                               load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes,
-                                              dist.my_shards if dist else None))
+    if args.no_optimizer_state:
+        info["optimizer_state"] = "fresh AdamW state (--no-optimizer-state)"
+    else:
+        my_shards = dist.my_shards if dist else None
+        info["optimizer_state"] = load_optimizer(opt, policy / "optimizer.pt", args.algo, shapes, my_shards)
     print(f"[05] optimizer: {info['optimizer_state']}")
     return opt, shapes
 
