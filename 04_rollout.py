@@ -158,14 +158,24 @@ def tool_docs(T):
     if T.get("declare") == "chat_template":
         return f"Call the functions you are given, at most {n} per reply."
     if T["syntax"] == "shell":
-        return "\n".join([f"Commands (in a ```sh block, at most {n} per reply):"] + [
-            f"{shell_command(tools[t]['name'], t, tools[t]['args'], quote=False)} - {TOOL_HELP[t]}"
-            for t in CANONICAL if t in tools])
+        lines = [f"Commands (in a ```sh block, at most {n} per reply):"]
+        for t in CANONICAL:
+            if t in tools:
+                command = shell_command(tools[t]["name"], t, tools[t]["args"], quote=False)
+                lines.append(f"{command} - {TOOL_HELP[t]}")
+        return "\n".join(lines)
     if T["syntax"] == "react":
-        return "\n".join(f"- {s['name']}, input {json.dumps({v: '...' for v in s['args'].values()})}: {TOOL_HELP[t]}"
-                         for t, s in tools.items() if t != "submit")
-    lines = [f"- {tools[t]['name']}({', '.join(tools[t]['args'][a] for a in CANONICAL[t])}): {TOOL_HELP[t]}"
-             for t in CANONICAL if t in tools]
+        lines = []
+        for t, spec in tools.items():
+            if t != "submit":
+                example_input = json.dumps({name: "..." for name in spec["args"].values()})
+                lines.append(f"- {spec['name']}, input {example_input}: {TOOL_HELP[t]}")
+        return "\n".join(lines)
+    lines = []
+    for t in CANONICAL:
+        if t in tools:
+            arg_names = ", ".join(tools[t]["args"][a] for a in CANONICAL[t])
+            lines.append(f"- {tools[t]['name']}({arg_names}): {TOOL_HELP[t]}")
     example = render_call(T, "read_file", {"path": "a.txt"}) if "read_file" in tools else ""
     per = "one call per line, " if T["syntax"] == "python_call" else ""
     return "\n".join(lines + [f"Call format ({per}at most {n} per reply):", example])

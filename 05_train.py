@@ -635,8 +635,15 @@ def check_inputs(args):
     if uses_kl(args):
         check_policy_folder(ref, "reference policy")
         print(f"[05] KL reference policy: {ref} ({ref_why})")
-    warnings, others = [], [str(e["policy"]) for e in episodes if e["policy"] is not None
-                            and (e["policy"] == "oracle" or Path(str(e["policy"])).resolve() != policy.resolve())]
+    # an episode sampled by another policy (or by the oracle) makes the RL update off-policy: say so
+    others = []
+    for e in episodes:
+        sampler = e["policy"]
+        if sampler is None:
+            continue
+        if sampler == "oracle" or Path(str(sampler)).resolve() != policy.resolve():
+            others.append(str(sampler))
+    warnings = []
     if args.algo != "sft" and others:
         warnings.append(f"{len(others)} of {len(episodes)} episodes of {rollouts} were sampled by "
                         f"{sorted(set(others))[:3]}, not by the loaded policy {policy}: the update is off-policy")
