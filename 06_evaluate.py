@@ -208,9 +208,13 @@ def framework_tasks(args):
 
 def trained_in_ids(args):
     """--trained-in: out-of-space harness ids 06 evaluates (a framework's, or an external harness's)."""
-    known = set(FRAMEWORKS.values()) | set(harness_file_ids(HERE / "data" / "external_harnesses.json")) | \
-        {h for f in args.harness_file for h in harness_file_ids(f)}
-    ids = list(dict.fromkeys(x.strip() for x in (args.trained_in or "").split(",") if x.strip()))
+    known = set(FRAMEWORKS.values()) | set(harness_file_ids(HERE / "data" / "external_harnesses.json"))
+    for f in args.harness_file:
+        known |= set(harness_file_ids(f))
+    ids = []
+    for hid in (args.trained_in or "").split(","):
+        if hid.strip() and hid.strip() not in ids:
+            ids.append(hid.strip())
     for hid in ids:
         if hid not in known:
             fail(f"--trained-in {hid!r}: not an out-of-space harness 06 evaluates ({', '.join(sorted(known))}); an "
@@ -247,8 +251,9 @@ def inspace_ids_of(args, run, train_ids):
 def external_ids_of(args, train_ids):
     """The Out-of-Space split: the built-in external harnesses and --harness-file ones, minus any this run trained
     on (a black-box baseline trained inside X-shell is not scored out of space on X-shell)."""
-    ids = harness_file_ids(HERE / "data" / "external_harnesses.json") + \
-        [h for f in args.harness_file for h in harness_file_ids(f)]
+    ids = harness_file_ids(HERE / "data" / "external_harnesses.json")
+    for f in args.harness_file:
+        ids += harness_file_ids(f)
     left_out = sorted(set(ids) & set(train_ids))
     if left_out:
         print(f"[06] Out-of-Space leaves out {', '.join(left_out)}: this run trained on it")
