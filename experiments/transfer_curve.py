@@ -162,9 +162,11 @@ def pairs_by_distance(pairs, train_ids):
     """{(task, harness): value} -> {d: the pairs whose harness lies at Hamming distance d from train_ids}, by
     increasing d; None when some harness has no distance (a training set with no harness of the space, or a
     harness outside it)."""
-    at = {}
+    at, distance = {}, {}
     for (task, h), v in pairs.items():
-        d = distance_to(h, train_ids)
+        if h not in distance:  # once per harness, not once per (task, harness) pair
+            distance[h] = distance_to(h, train_ids)
+        d = distance[h]
         if d is None:
             return None
         at.setdefault(d, {})[(task, h)] = v
