@@ -33,6 +33,14 @@ def run_stage(filename, *args, cwd=None, check=True, timeout=600):
     return proc
 
 
+def episode(task, harness, success, **kw):
+    """One 06 episode record (what 04 writes, less the transcript) with the given outcome."""
+    e = dict(task_id=task, harness_id=harness, success=success, reward=float(success), turns=2,
+             parse_errors=0, tool_errors=0, workflow_violations=0, finish_reason="submitted")
+    e.update(kw)
+    return e
+
+
 @pytest.fixture
 def stage():
     return load_stage

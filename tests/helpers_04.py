@@ -98,11 +98,25 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+def stop_now_and_then(model, stop, stop_logit, hidden):
+    """Give token `stop` about `stop_logit` at every position (others near 0), so random replies sometimes stop
+    early: residual dimension 0 is a constant that no layer writes to, read only by `stop`."""
+    import torch
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 10.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.mlp.down_proj.weight[0, :] = 0.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[stop] = 0.0
+        model.lm_head.weight[stop, 0] = stop_logit / hidden ** 0.5  # normalised dim 0 ~ sqrt(hidden)
+
+
 def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit=None, hidden=32, heads=2, tied=False):
     """A byte-level BPE with ChatML specials and a 2-layer random Llama, saved like a hub checkpoint
     (hidden=128, heads=2 gives head size 64, which vLLM's CPU attention supports).
-    stop_logit: give <|im_end|> about this logit at every position (others near 0), so random replies
-    sometimes stop early: residual dimension 0 is a constant that no layer writes to, read only by <|im_end|>.
+    stop_logit: give <|im_end|> about this logit at every position, so random replies sometimes stop early
+    (stop_now_and_then).
     tied: the LM head is the embedding (SmolLM2's layout; not with stop_logit, which sets them apart)."""
     assert not (tied and stop_logit is not None), "stop_logit needs an LM head of its own"
     import torch
@@ -129,14 +143,7 @@ def build_tiny_model(out, max_positions=2048, vocab_size=700, seed=0, stop_logit
                          tie_word_embeddings=tied)
     model = LlamaForCausalLM(config)
     if stop_logit is not None:
-        with torch.no_grad():
-            model.model.embed_tokens.weight[:, 0] = 10.0
-            for layer in model.model.layers:
-                layer.self_attn.o_proj.weight[0, :] = 0.0
-                layer.mlp.down_proj.weight[0, :] = 0.0
-            model.lm_head.weight[:, 0] = 0.0
-            model.lm_head.weight[tok.eos_token_id] = 0.0
-            model.lm_head.weight[tok.eos_token_id, 0] = stop_logit / hidden ** 0.5  # normalised dim 0 ~ sqrt(hidden)
+        stop_now_and_then(model, tok.eos_token_id, stop_logit, hidden)
     model.save_pretrained(out)
     return Path(out)
 

@@ -36,14 +36,7 @@ def random_policy(out, tok, stop_logit=4.0, hidden=32):
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
                       eos_token_id=stop, pad_token_id=tok.pad_token_id, bos_token_id=None)
     model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] = 10.0
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight[0, :] = 0.0
-            layer.mlp.down_proj.weight[0, :] = 0.0
-        model.lm_head.weight[:, 0] = 0.0
-        model.lm_head.weight[stop] = 0.0
-        model.lm_head.weight[stop, 0] = stop_logit / hidden ** 0.5
+    H.stop_now_and_then(model, stop, stop_logit, hidden)
     model.save_pretrained(out)
     return Path(out)
 

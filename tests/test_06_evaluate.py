@@ -12,20 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_stage, run_stage
+from conftest import ROOT, episode, load_stage, run_stage
 
 ev = load_stage("06_evaluate.py")
 ER = load_stage("common/eval_rollouts.py")  # 06's rollouts (made by 04, reused when the same checkpoint made them)
 stats = load_stage("common/intervals.py")  # the interval statistics 06 imports
 BASE = "S0-T0-O0-C0-W0"
 SPACE_IDS = ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W1"]
-
-
-def episode(task, harness, success, **kw):
-    e = dict(task_id=task, harness_id=harness, success=success, reward=float(success), turns=2,
-             parse_errors=0, tool_errors=0, workflow_violations=0, finish_reason="submitted")
-    e.update(kw)
-    return e
 
 
 def test_pass_at_1_averages_pairs_then_samples():

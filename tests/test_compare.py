@@ -9,18 +9,11 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import load_stage, run_stage
+from conftest import episode, load_stage, run_stage
 
 cmp = load_stage("experiments/compare.py")
 BASE = "S0-T0-O0-C0-W0"
 SPACE_IDS = ["S1-T1-O1-C1-W1", "S2-T2-O2-C2-W2", "S0-T1-O2-C0-W1"]
-
-
-def episode(task, harness, success, **kw):
-    e = dict(task_id=task, harness_id=harness, success=success, reward=float(success), turns=2,
-             parse_errors=0, tool_errors=0, workflow_violations=0, finish_reason="submitted")
-    e.update(kw)
-    return e
 
 
 def write_jsonl(path, rows):
