@@ -132,7 +132,9 @@ def compare_rows(items):
                                        for d in paths]})
         else:
             fail(f"{item!r}: no folder given")
-    return rows or fail("no rows (the runs' eval_summary.json files are empty)")
+    if not rows:
+        fail("no rows (the runs' eval_summary.json files are empty)")
+    return rows
 
 
 def checked_summary(summary, where):
@@ -181,10 +183,11 @@ def experiment_runs(exp):
 # ----------------------------------------------------------------------------- common ground, paired differences
 def first_difference(what, a_name, a, b_name, b):
     """'WHAT differ: A has X, B does not' for the first element in one set and not the other; None if equal."""
-    if a == b:
-        return None
-    x, y, first = (a_name, b_name, min(a - b)) if a - b else (b_name, a_name, min(b - a))
-    return f"{what} differ: {x} has {first}, {y} does not"
+    if a - b:
+        return f"{what} differ: {a_name} has {min(a - b)}, {b_name} does not"
+    if b - a:
+        return f"{what} differ: {b_name} has {min(b - a)}, {a_name} does not"
+    return None
 
 def ground_difference(a_name, a, b_name, b, splits):
     """How two rows (or replicates) first differ: a setting, else a split's harness ids, tasks, or pairs."""
@@ -192,9 +195,11 @@ def ground_difference(a_name, a, b_name, b, splits):
         if a["config"][f] != b["config"][f]:
             return f"{f} differs: {a_name} has {a['config'][f]}, {b_name} has {b['config'][f]}"
     for split in splits:
-        for what, key in (("harness ids", lambda p: p[1]), ("tasks", lambda p: p[0]), ("(task, harness) pairs", None)):
-            msg = first_difference(f"{SPLIT_NAMES[split]} {what}", a_name, set(map(key or tuple, a["pairs"][split])),
-                                   b_name, set(map(key or tuple, b["pairs"][split])))
+        mine, theirs = set(a["pairs"][split]), set(b["pairs"][split])  # (task, harness) pairs
+        for what, x, y in (("harness ids", {h for _, h in mine}, {h for _, h in theirs}),
+                           ("tasks", {t for t, _ in mine}, {t for t, _ in theirs}),
+                           ("(task, harness) pairs", mine, theirs)):
+            msg = first_difference(f"{SPLIT_NAMES[split]} {what}", a_name, x, b_name, y)
             if msg:
                 return msg
     return None
@@ -417,11 +422,16 @@ def compute_markdown(compute):
     lines = ["", "## Compute per method", "",
              "| method | rollout episodes | minibatches | optimizer steps (with signal) | SFT demos | train s | eval s "
              "| tasks that saw all K |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {name} | {c['rollout_episodes']} | {c['minibatches']} | {c['optimizer_steps']} | {c['sft_demos']} "
-              f"| {c['train_s']} | {c['eval_s']} | "
-              + ("-" if c["tasks_saw_all_K"] is None else f"{c['tasks_saw_all_K']} / {c['tasks_trained']}") + " |"
-              if c["minibatches"] else f"| {name} | no update (not run, or a policy before RL) | - | - | - | - | - | - |"
-              for name, c in compute.items()]  # a method of the experiment that never trained: no zero row
+    for name, c in compute.items():
+        if not c["minibatches"]:  # a method of the experiment that never trained: no row of zeros
+            lines.append(f"| {name} | no update (not run, or a policy before RL) | - | - | - | - | - | - |")
+            continue
+        if c["tasks_saw_all_K"] is None:
+            saw_all_k = "-"
+        else:
+            saw_all_k = f"{c['tasks_saw_all_K']} / {c['tasks_trained']}"
+        lines.append(f"| {name} | {c['rollout_episodes']} | {c['minibatches']} | {c['optimizer_steps']} "
+                     f"| {c['sft_demos']} | {c['train_s']} | {c['eval_s']} | {saw_all_k} |")
     return "\n".join(lines) + "\n"
 
 
@@ -595,8 +605,9 @@ def summary_of(ledger, prefix, methods, args):
         d, c = paired(high, methods[high], low, methods[low], ledger, split, args)
         per_seed = []
         for rec in methods[high]:
-            other = [r for r in methods[low] if r.name == rec.name] or (methods[low] if len(methods[low]) == 1
-                                                                        else [])
+            other = [r for r in methods[low] if r.name == rec.name]  # the same seed of the other row
+            if not other and len(methods[low]) == 1:
+                other = methods[low]  # or its one seed
             if other and len(methods[high]) > 1:
                 x, _ = paired(high, [rec], low, other, ledger, split, args)
                 per_seed.append((rec.name[4:], x))
@@ -609,13 +620,18 @@ def summary_of(ledger, prefix, methods, args):
                      f"{d['sign_test_p']:.2g} | {detectable(c)} | {verdict(d, kind)} | {seed_text} |")
     write_atomic(f"{prefix}-summary.md", "\n".join(lines) + "\n")
     columns = [(s, f"{SPLIT_NAMES[s]} ({ground[s]['tasks']} tasks)") for s in splits]
-    rows = [(f"{name} ({len(seeds[name])} seed{'s' if len(seeds[name]) > 1 else ''})",
-             {s: tuple(100 * v for v in (x["pass@1"], *x["ci95"])) + (x["trained_in"],)
-              for s, x in r["splits"].items()}) for name, r in zip(names, report["rows"])]
+    rows = []  # the figure's rows: (label, {column: (pass@1, low, high, trained in)}), in %
+    for name, r in zip(names, report["rows"]):
+        label = f"{name} ({len(seeds[name])} seed{'s' if len(seeds[name]) > 1 else ''})"
+        cells = {}
+        for s, x in r["splits"].items():
+            low, high = x["ci95"]
+            cells[s] = (100 * x["pass@1"], 100 * low, 100 * high, x["trained_in"])
+        rows.append((label, cells))
     curve_json = Path(f"{prefix}-transfer_curve.json")
-    write_atomic(f"{prefix}-summary.svg", figure.svg(f"{ledger.name}: pass@1 of every method in every column", columns,
-                                                    rows, curve_lines(read_json(curve_json)) if curve_json.is_file()
-                                                    else None))
+    curve = curve_lines(read_json(curve_json)) if curve_json.is_file() else None
+    title = f"{ledger.name}: pass@1 of every method in every column"
+    write_atomic(f"{prefix}-summary.svg", figure.svg(title, columns, rows, curve))
     print(f"[compare] wrote {prefix}-summary.md and {prefix}-summary.svg")
 
 
@@ -642,8 +658,9 @@ def verdict(d, kind):
         return "floor (0 in both)"
     significant = d["sign_test_p"] <= 0.05
     if kind == "unchanged":
-        return ("changed: " + ("up" if d["diff_vs_reference"] > 0 else "down")) if significant else \
-            "holds (no change at p <= 0.05)"
+        if not significant:
+            return "holds (no change at p <= 0.05)"
+        return "changed: up" if d["diff_vs_reference"] > 0 else "changed: down"
     if not significant:
         return "can't tell"
     return "holds" if d["diff_vs_reference"] > 0 else "opposite"
@@ -658,20 +675,29 @@ def curve_lines(curve):
         if not seeds:
             continue
         n_seeds[method] = len(seeds)
-        its = sorted(set.intersection(*({p["iteration"] for p in c} for c in seeds)))
-        lines[method] = {part: [(it, mean(vals), min(vals), max(vals)) for it in its
-                                for vals in [[100 * p[part]["pass@1"] for c in seeds for p in c
-                                              if p["iteration"] == it]]]
-                         for part in ("trained", "held-out")}
+        its = sorted(set.intersection(*({p["iteration"] for p in c} for c in seeds)))  # every seed has these
+        lines[method] = {}
+        for part in ("trained", "held-out"):
+            points = []
+            for it in its:
+                vals = [100 * p[part]["pass@1"] for c in seeds for p in c if p["iteration"] == it]  # one per seed
+                points.append((it, mean(vals), min(vals), max(vals)))
+            lines[method][part] = points
+    if not lines:
+        return None
     tasks = next(p["trained"]["tasks"] for m in curve["methods"].values() for p in m["curve"])
-    return {"lines": lines, "seeds": n_seeds, "tasks": tasks} if lines else None
+    return {"lines": lines, "seeds": n_seeds, "tasks": tasks}
 
 
 def made_markdown(made):
     lines = ["", "## How each record was made", "", "| record | commit | date | machine | wall s |",
              "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {k} | {m['commit']}{' (changed tree)' if m['dirty'] else ''} | {m['date']} | {m['machine']} | "
-              f"{m['wall_s']} |" if m else f"| {k} | - | - | - | - |" for k, m in made.items()]
+    for k, m in made.items():
+        if not m:
+            lines.append(f"| {k} | - | - | - | - |")
+            continue
+        commit = m["commit"] + (" (changed tree)" if m["dirty"] else "")
+        lines.append(f"| {k} | {commit} | {m['date']} | {m['machine']} | {m['wall_s']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -679,7 +705,10 @@ def made_markdown(made):
 def main(argv=None):
     args = parse_args(argv)
     with locked(Path(args.out).parent / "run.lock") if args.out else contextlib.nullcontext():  # one writer
-        ledger_tables(args) if args.ledger else compare(args)
+        if args.ledger:
+            ledger_tables(args)
+        else:
+            compare(args)
 
 
 if __name__ == "__main__":
