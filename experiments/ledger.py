@@ -30,6 +30,7 @@ then agree among themselves (experiments/compare.py).
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -79,18 +80,28 @@ def iteration_rows(run):
 def compute_of(run):
     """What one method spent: rollout episodes, optimizer steps, wall time, and K-rotation coverage (None for a
     method without an assignment: black-box RL draws its tasks without one)."""
-    rollouts = [e for p in sorted(run.glob("iter_*/rollouts.jsonl"))
-                for _, e in read_jsonl(p, required=("task_id", "harness_id"))]
-    demos = [e for _, e in read_jsonl(run / "sft" / "demos.jsonl", required=("harness_id",))] \
-        if (run / "sft" / "demos.jsonl").is_file() else []
-    logs = [r for p in [*sorted(run.glob("iter_*/train_log.jsonl")), *run.glob("sft/train_log.jsonl")]
-            for _, r in read_jsonl(p)]
-    groups = {a["task_id"]: set(a["harness_ids"]) for _, a in read_jsonl(run / "assignment.jsonl",
-                                                                         required=("task_id", "harness_ids"))} \
-        if (run / "assignment.jsonl").is_file() else None
-    seen = {}
+    rollouts = []
+    for path in sorted(run.glob("iter_*/rollouts.jsonl")):
+        rollouts += [e for _, e in read_jsonl(path, required=("task_id", "harness_id"))]
+    demos = []
+    if (run / "sft" / "demos.jsonl").is_file():
+        demos = [e for _, e in read_jsonl(run / "sft" / "demos.jsonl", required=("harness_id",))]
+    logs = []  # one row per minibatch of 05, RL iterations then SFT
+    for path in [*sorted(run.glob("iter_*/train_log.jsonl")), *run.glob("sft/train_log.jsonl")]:
+        logs += [r for _, r in read_jsonl(path)]
+    seen = {}  # task -> the harnesses its rollouts ran under
     for e in rollouts:
         seen.setdefault(e["task_id"], set()).add(e["harness_id"])
+    saw_all_k = None  # a method without an assignment (03) has no K groups to cover
+    if (run / "assignment.jsonl").is_file():
+        groups = {a["task_id"]: set(a["harness_ids"])
+                  for _, a in read_jsonl(run / "assignment.jsonl", required=("task_id", "harness_ids"))}
+        saw_all_k = sum(seen[t] == groups.get(t) for t in seen)
+    # the harnesses its updates trained on: its rollouts' and demonstrations', else its training set (02)
+    trained_on = sorted({e["harness_id"] for e in rollouts + demos})
+    if not trained_on:
+        trained_on = sorted(h["harness_id"] for _, h in read_jsonl(run / "train_harnesses.jsonl",
+                                                                   required=("harness_id",)))
     times = read_json(run / "step_times.json") if (run / "step_times.json").is_file() else {}
     # minibatches: the budget every method gets; optimizer steps: those with signal (05 skips the others)
     return {"rollout_episodes": len(rollouts), "minibatches": len(logs),
@@ -98,11 +109,7 @@ def compute_of(run):
             "train_s": round(sum(v for k, v in times.items() if k[:2] in ("04", "05")), 1),
             "eval_s": round(sum(v for k, v in times.items() if k.startswith("06")), 1),
             "curve_s": round(sum(v for k, v in times.items() if k.startswith("curve")), 1),
-            "tasks_trained": len(seen),
-            "tasks_saw_all_K": None if groups is None else sum(seen[t] == groups.get(t) for t in seen),
-            # the harnesses its updates trained on: its rollouts' and demonstrations', else its training set (02)
-            "training_harnesses": sorted({e["harness_id"] for e in rollouts + demos}) or
-            sorted(h["harness_id"] for _, h in read_jsonl(run / "train_harnesses.jsonl", required=("harness_id",)))}
+            "tasks_trained": len(seen), "tasks_saw_all_K": saw_all_k, "training_harnesses": trained_on}
 
 
 # ----------------------------------------------------------------------------- the common ground
@@ -181,12 +188,14 @@ def made_by(command, wall_s):
             return subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True, timeout=30).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
-        else platform.processor()
+    cpu = platform.processor()
+    if Path("/proc/cpuinfo").exists():  # Linux: the model name, e.g. "AMD EPYC"
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
     return {"command": command, "commit": git("rev-parse", "--short=12", "HEAD") or None,
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-            "machine": f"{cpu}, {len(__import__('os').sched_getaffinity(0))} cores",
+            "machine": f"{cpu}, {len(os.sched_getaffinity(0))} cores",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "wall_s": round(wall_s, 1)}
 
