@@ -228,11 +228,12 @@ def curve_of(points):
             tasks = sorted({task for task, _ in pairs})
             v = exact_task_means(pairs, tasks)  # [n_tasks] a task's pass@1 over the line's harnesses
             ci, method = pass1_ci([float(x) for x in v], 0, 0)  # exact / Korn-Graubard: no resampling
+            since_start = None  # the first checkpoint is the start
+            if t != start:
+                since_start = paired(v, exact_task_means(points[start][line], tasks))
             row[line] = {"pass@1": mean(pairs.values()), "ci95": ci, "ci_method": method,
                          "tasks": len(tasks), "harnesses": len({h for _, h in pairs}),
-                         "since_start": paired(v, exact_task_means(points[start][line], tasks)) if t != start
-                         else None,
-                         "ends": points[t]["ends"][line]}
+                         "since_start": since_start, "ends": points[t]["ends"][line]}
         rows.append(row)
     return rows
 
